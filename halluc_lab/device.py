@@ -1,0 +1,119 @@
+"""Device, dtype, seeding and scales: chosen once per notebook (DESIGN.md §3).
+
+Every chapter starts with a ``parameters`` cell holding ``scale``, ``seed`` and
+``device``; its next cell calls :func:`setup`, which resolves them into a
+:class:`Runtime` and prints what it chose and why::
+
+    rt = setup(scale="auto", device="auto", seed=0)
+    # device: cpu (no CUDA or MPS device found) · dtype float32 · scale smoke (auto on cpu) · seed 0
+    steps = rt.pick(smoke=200, full=5_000)
+
+Library code never names a device: it takes the device from its tensors or model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+ENV_DEVICE = "HALLUC_DEVICE"  # overrides device="auto", e.g. HALLUC_DEVICE=cpu
+SCALES = ("auto", "smoke", "full")
+DEVICES = ("auto", "cpu", "cuda", "mps")
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """Where and how big a notebook runs."""
+
+    device: torch.device  # where models and tensors live
+    dtype: torch.dtype  # autocast dtype: bfloat16 on CUDA, float32 elsewhere
+    scale: str  # "smoke" (CPU, about a minute) or "full" (one GPU, a few minutes)
+    seed: int  # the seed every generator in the notebook derives from
+    reason: str  # why this device was chosen, in words
+
+    def pick(self, *, smoke, full):
+        """The value for this scale: ``rt.pick(smoke=200, full=5000)``."""
+        return full if self.scale == "full" else smoke
+
+    def autocast(self):
+        """bf16 autocast on CUDA; a no-op context elsewhere."""
+        if self.device.type == "cuda" and self.dtype != torch.float32:
+            return torch.autocast("cuda", dtype=self.dtype)
+        return contextlib.nullcontext()
+
+    def generator(self, offset: int = 0) -> torch.Generator:
+        """A fresh generator on this device seeded with ``seed + offset``."""
+        return torch.Generator(device=self.device).manual_seed(self.seed + offset)
+
+    def describe(self) -> str:
+        """One line: device, dtype, scale and seed."""
+        name = self.device.type
+        if self.device.type == "cuda":
+            name += f" ({torch.cuda.get_device_name(self.device)})"
+        return (f"device: {name} ({self.reason}) · dtype {str(self.dtype).removeprefix('torch.')}"
+                f" · scale {self.scale} · seed {self.seed}")
+
+
+def _check_choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
+    if not isinstance(value, str) or value not in allowed:
+        raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
+
+
+def choose_device(requested: str = "auto") -> tuple[torch.device, str]:
+    """Pick a device: the request, else ``$HALLUC_DEVICE``, else cuda, then mps, then cpu.
+
+    Returns the device and the reason it was chosen.
+    """
+    _check_choice("device", requested, DEVICES)
+    if requested == "auto" and os.environ.get(ENV_DEVICE):
+        requested = os.environ[ENV_DEVICE]
+        _check_choice(f"${ENV_DEVICE}", requested, DEVICES[1:])
+        reason = f"${ENV_DEVICE}={requested}"
+    elif requested != "auto":
+        reason = "asked for"
+    else:
+        if torch.cuda.is_available():
+            return torch.device("cuda"), "CUDA available"
+        if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
+            return torch.device("mps"), "Apple MPS available, no CUDA"
+        return torch.device("cpu"), "no CUDA or MPS device found"
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device 'cuda' was asked for ({reason}) but torch sees no CUDA device")
+    if requested == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"device 'mps' was asked for ({reason}) but MPS is not available")
+    return torch.device(requested), reason
+
+
+def resolve_scale(scale: str, device: torch.device) -> str:
+    """``auto`` means ``full`` on CUDA and ``smoke`` elsewhere."""
+    _check_choice("scale", scale, SCALES)
+    if scale != "auto":
+        return scale
+    return "full" if device.type == "cuda" else "smoke"
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python, NumPy and torch (all devices) with one integer."""
+    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+        raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def setup(scale: str = "auto", device: str = "auto", seed: int = 0, verbose: bool = True) -> Runtime:
+    """Resolve a notebook's parameters into a :class:`Runtime`, seed everything, print why."""
+    dev, reason = choose_device(device)
+    resolved = resolve_scale(scale, dev)
+    seed_everything(seed)
+    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    rt = Runtime(device=dev, dtype=dtype, scale=resolved, seed=seed,
+                 reason=reason + (" · auto scale" if scale == "auto" else ""))
+    if verbose:
+        print(rt.describe())
+    return rt
