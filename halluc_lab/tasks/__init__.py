@@ -1,0 +1,42 @@
+"""Synthetic tasks with programmatic verifiers (DESIGN.md §4; chapters 7–8 and after).
+
+One module per task, sharing :mod:`halluc_lab.tasks.base`:
+
+* :mod:`~halluc_lab.tasks.kb_walk` — chains of facts in a fictional knowledge base
+  (rare facts, abstention, hallucinated steps);
+* :mod:`~halluc_lab.tasks.arithmetic` — multi-digit addition, digit by digit;
+* :mod:`~halluc_lab.tasks.path_star` — path-star graphs (Bachmann & Nagarajan, 2024).
+
+Every task's ``reward`` has the signature ``(prompts, completions, **kw) -> list[float]``
+and ``claims`` says which parts of a completion are supported::
+
+    from halluc_lab.tasks import Arithmetic, ArithmeticConfig
+    task = Arithmetic(ArithmeticConfig(max_digits=3))
+    ex = task.examples("heldout", 4, seed=0)
+    task.reward([e.prompt for e in ex], [e.completion for e in ex])   # [1.0, 1.0, 1.0, 1.0]
+"""
+
+from halluc_lab.tasks.arithmetic import Arithmetic, ArithmeticConfig
+from halluc_lab.tasks.base import (ABSTAINED, CONTRADICTED, HALLUCINATED, MALFORMED, SPLITS, SUPPORTED,
+                                   UNSUPPORTED, Claim, Example, Task, completion_symbols)
+from halluc_lab.tasks.kb_walk import KBWalk, KBWalkConfig
+from halluc_lab.tasks.path_star import PathStar, PathStarConfig
+
+TaskConfig = KBWalkConfig | ArithmeticConfig | PathStarConfig
+
+
+def make_task(config: TaskConfig) -> Task:
+    """The task a config describes: ``make_task(ArithmeticConfig())`` is an :class:`Arithmetic`."""
+    if isinstance(config, KBWalkConfig):
+        return KBWalk(config)
+    if isinstance(config, ArithmeticConfig):
+        return Arithmetic(config)
+    if isinstance(config, PathStarConfig):
+        return PathStar(config)
+    raise TypeError(f"config must be a KBWalkConfig, ArithmeticConfig or PathStarConfig, "
+                    f"got {type(config).__name__}")
+
+
+__all__ = ["Arithmetic", "ArithmeticConfig", "KBWalk", "KBWalkConfig", "PathStar", "PathStarConfig",
+           "Task", "TaskConfig", "Example", "Claim", "make_task", "completion_symbols", "SPLITS",
+           "SUPPORTED", "CONTRADICTED", "UNSUPPORTED", "ABSTAINED", "MALFORMED", "HALLUCINATED"]

@@ -1,0 +1,179 @@
+"""What every synthetic task shares: examples, claims, splits and completion parsing.
+
+Chapters 7–8 (and every later chapter through the recipes). DESIGN.md §4: the lab trains
+its own models on synthetic tasks whose answers a program can check. Each task offers
+
+* seeded generators of prompt/completion :class:`Example` s with disjoint ``"train"`` and
+  ``"heldout"`` splits, and a pre-training corpus;
+* a verifier with the reward signature ``(prompts, completions, **kw) -> list[float]``
+  (the signature TRL's reward functions use, so later chapters can pass it around);
+* a claim-level check: which parts of a completion are supported, which are
+  hallucinated (:class:`Claim`);
+* wrong-but-plausible tokens for the backspace demonstrations of :mod:`halluc_lab.sft`.
+
+Text is space-separated symbols (see :mod:`halluc_lab.tokenizer`). A completion as a model
+writes it may contain ``<bksp>`` tokens and end in ``<eos>`` and padding:
+:func:`completion_symbols` turns it into what the reader of the completion sees.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from halluc_lab.tokenizer import ABSTAIN, BKSP, BOS, EOS, PAD
+
+SPLITS = ("train", "heldout")
+# Claim statuses. A hallucination is a claim the task's world does not support.
+SUPPORTED, CONTRADICTED, UNSUPPORTED = "supported", "contradicted", "unsupported"
+ABSTAINED, MALFORMED = "abstained", "malformed"
+HALLUCINATED = (CONTRADICTED, UNSUPPORTED)
+
+
+@dataclass(frozen=True)
+class Example:
+    """One prompt and its correct completion, as space-separated symbols (no special tokens
+    except ``<abstain>``; the tokenizer adds ``<bos>``/``<eos>``)."""
+
+    prompt: str  # e.g. "1 2 + 3 4 ="
+    completion: str  # e.g. "4 6"
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One checkable statement inside a completion."""
+
+    start: int  # index of its first symbol in the cleaned completion
+    stop: int  # one past its last symbol
+    text: str  # the symbols it covers
+    status: str  # SUPPORTED, CONTRADICTED, UNSUPPORTED, ABSTAINED or MALFORMED
+    correct: bool  # what the gold completion says here (an abstention can be correct)
+
+    @property
+    def hallucinated(self) -> bool:
+        """True when the claim states something the task's world does not support."""
+        return self.status in HALLUCINATED
+
+
+def completion_symbols(completion: str | Sequence[str]) -> list[str]:
+    """The symbols a completion finally says: cut at ``<eos>``, apply ``<bksp>``, drop padding.
+
+    Each ``<bksp>`` erases the symbol before it; one at the start erases nothing (it cannot
+    reach into the prompt).
+
+    >>> completion_symbols("4 7 <bksp> 6 <eos> 9")
+    ['4', '6']
+    """
+    parts = completion.split() if isinstance(completion, str) else list(completion)
+    out: list[str] = []
+    for p in parts:
+        if p == EOS:
+            break
+        if p == BKSP:
+            if out:
+                out.pop()
+        elif p not in (PAD, BOS):
+            out.append(p)
+    return out
+
+
+def split_of(key: str, heldout_fraction: float, salt: int) -> str:
+    """Which split a key (a canonical description of an item) falls in: a stable hash.
+
+    Hash-based assignment keeps the splits disjoint however many examples are drawn.
+    """
+    if not 0.0 < heldout_fraction < 1.0:
+        raise ValueError(f"heldout_fraction must be in (0, 1), got {heldout_fraction!r}")
+    digest = hashlib.sha256(f"{salt}:{key}".encode()).digest()
+    u = int.from_bytes(digest[:8], "big") / 2**64
+    return "heldout" if u < heldout_fraction else "train"
+
+
+def check_split(split: str) -> None:
+    """ValueError unless ``split`` is ``"train"`` or ``"heldout"``."""
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+
+
+def check_count(name: str, n: int, low: int = 0) -> None:
+    """ValueError unless ``n`` is an int >= low."""
+    if not isinstance(n, int) or isinstance(n, bool) or n < low:
+        raise ValueError(f"{name} must be an int >= {low}, got {n!r}")
+
+
+def rng_for(seed: int, *tags: object) -> random.Random:
+    """A Python RNG determined by a seed and tags (e.g. the split): explicit randomness."""
+    check_count("seed", seed)
+    return random.Random(hashlib.sha256(repr((seed, *tags)).encode()).hexdigest())
+
+
+def check_lengths(prompts: Sequence, completions: Sequence) -> None:
+    """ValueError unless a reward function got as many prompts as completions."""
+    if len(prompts) != len(completions):
+        raise ValueError(f"prompts and completions must have the same length, "
+                         f"got {len(prompts)} and {len(completions)}")
+
+
+def exact_reward(gold: list[str], said: list[str], *, correct_reward: float, abstain_reward: float,
+                 wrong_reward: float) -> float:
+    """The reward of one cleaned completion against the gold one."""
+    if said == gold:
+        return correct_reward
+    if ABSTAIN in said:
+        return abstain_reward
+    return wrong_reward
+
+
+class Task:
+    """The interface every task implements; :meth:`reward` and :meth:`tokenizer` are shared.
+
+    Subclasses set ``name`` and ``config`` and implement :meth:`symbols`, :meth:`examples`,
+    :meth:`gold`, :meth:`claims`, :meth:`pretraining_documents` and :meth:`plausible_error`.
+    """
+
+    name: str = "task"
+
+    def symbols(self) -> tuple[str, ...]:
+        """The task's vocabulary, without the special tokens."""
+        raise NotImplementedError
+
+    def tokenizer(self):
+        """A :class:`~halluc_lab.tokenizer.Tokenizer` over :meth:`symbols`."""
+        from halluc_lab.tokenizer import Tokenizer
+
+        return Tokenizer(self.symbols())
+
+    def examples(self, split: str, n: int, seed: int) -> list[Example]:
+        """``n`` examples of one split, determined by ``seed``."""
+        raise NotImplementedError
+
+    def gold(self, prompt: str) -> str:
+        """The correct completion of a prompt (the verifier's reference)."""
+        raise NotImplementedError
+
+    def claims(self, prompt: str, completion: str | Sequence[str]) -> list[Claim]:
+        """Which parts of a completion the task's world supports."""
+        raise NotImplementedError
+
+    def pretraining_documents(self, seed: int) -> list[str]:
+        """The pre-training corpus: documents of space-separated symbols (no special tokens)."""
+        raise NotImplementedError
+
+    def plausible_error(self, example: Example, position: int, rng: random.Random) -> str:
+        """A wrong symbol a model could plausibly write at completion ``position``."""
+        raise NotImplementedError
+
+    def reward(self, prompts: Sequence[str], completions: Sequence[str | Sequence[str]], *,
+               correct_reward: float = 1.0, abstain_reward: float = 0.0, wrong_reward: float = 0.0,
+               **kw) -> list[float]:
+        """Verifier: ``correct_reward`` for exactly the gold answer (after ``<bksp>`` erasures),
+        ``abstain_reward`` for an answer that abstains where the gold one does not, else
+        ``wrong_reward``. Extra keyword arguments are accepted and ignored (reward-function
+        signature ``(prompts, completions, **kw) -> list[float]``)."""
+        check_lengths(prompts, completions)
+        return [exact_reward(completion_symbols(self.gold(p)), completion_symbols(c),
+                             correct_reward=correct_reward, abstain_reward=abstain_reward,
+                             wrong_reward=wrong_reward)
+                for p, c in zip(prompts, completions)]

@@ -1,0 +1,247 @@
+"""Knowledge-base walk: chains of facts about invented entities (hallucination's test bed).
+
+Chapters 7–8 build the models; chapter 11 (001 Part 3, hallucination) studies them. The
+world is a fictional knowledge base: entities and relations are invented words, and a
+*fact* says that relation ``r`` maps entity ``e`` to entity ``e'``. Some (entity, relation)
+pairs have no fact at all: the only correct answer there is ``<abstain>``.
+
+* **Pre-training** sees each fact as a sentence ``e r e' .``. Common facts appear
+  ``common_count`` times in the corpus, *rare* facts only 1–3 times, so after one pass the
+  model really is uncertain about them. Pairs without a fact never appear.
+* **A prompt** asks for a chain of K facts: ``e0 r1 r2 r3 =``. The completion walks it,
+  one fact at a time in the pre-training format: ``e0 r1 e1 r2 e2 r3 e3``. At the first
+  pair without a fact the walk stops: ``e0 r1 e1 r2 <abstain>``.
+* **Splits.** Every (entity, relation) pair is marked visible to SFT or not by a hash.
+  Train chains use visible pairs only; held-out chains use at least one pair the model has
+  seen only in pre-training (or, for a pair without a fact, never). Held-out accuracy thus
+  measures recall of pre-trained facts through a format learned on other facts.
+* **Claims.** Each step ``r_i x_i`` is one claim about the entity the completion itself
+  reached: supported if the knowledge base says so, *contradicted* if the pair has a
+  different fact, *unsupported* if the pair has none. Both of the latter are hallucinations.
+
+Departure: facts are functional (one answer per pair); real knowledge bases are not.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from halluc_lab.tasks.base import (ABSTAINED, CONTRADICTED, MALFORMED, SUPPORTED, UNSUPPORTED, Claim,
+                                   Example, Task, check_count, check_split, completion_symbols,
+                                   rng_for, split_of)
+from halluc_lab.tokenizer import ABSTAIN
+
+_CONSONANTS = "bdfgklmnprstvz"
+_VOWELS = "aeiou"
+_MAX_TRIES = 10_000  # rejection-sampling budget per example before giving up with an error
+
+
+@dataclass(frozen=True)
+class KBWalkConfig:
+    """The fictional world and how it is shown to the model."""
+
+    n_entities: int = 48  # number of invented entity names
+    n_relations: int = 4  # number of invented relation names
+    p_missing: float = 0.1  # fraction of (entity, relation) pairs with no fact (answer: <abstain>)
+    p_rare: float = 0.2  # fraction of facts that are rare in pre-training
+    rare_counts: tuple[int, int] = (1, 3)  # a rare fact appears between these many times (inclusive)
+    common_count: int = 100  # a common fact appears this many times in the pre-training corpus
+    facts_per_document: int = 8  # fact sentences per pre-training document
+    max_hops: int = 3  # chains have between 1 and max_hops steps
+    sft_visible_fraction: float = 0.5  # fraction of pairs train chains may use
+    world_seed: int = 0  # determines names, facts, rarity and the split
+
+    def __post_init__(self):
+        check_count("n_entities", self.n_entities, 2)
+        check_count("n_relations", self.n_relations, 1)
+        check_count("common_count", self.common_count, 1)
+        check_count("facts_per_document", self.facts_per_document, 1)
+        check_count("max_hops", self.max_hops, 1)
+        check_count("world_seed", self.world_seed)
+        for name in ("p_missing", "p_rare"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)!r}")
+        if not 0.0 < self.sft_visible_fraction < 1.0:
+            raise ValueError(f"sft_visible_fraction must be in (0, 1), got {self.sft_visible_fraction!r}")
+        lo, hi = self.rare_counts
+        if not (isinstance(lo, int) and isinstance(hi, int) and 1 <= lo <= hi):
+            raise ValueError(f"rare_counts must be (lo, hi) ints with 1 <= lo <= hi, got {self.rare_counts!r}")
+        if self.n_entities > len(_CONSONANTS) ** 3 * len(_VOWELS) ** 2:
+            raise ValueError(f"n_entities must be at most {len(_CONSONANTS) ** 3 * len(_VOWELS) ** 2}")
+
+
+def invented_words(n: int, rng: random.Random, syllables: int, suffix: str = "") -> list[str]:
+    """``n`` distinct pronounceable invented words (consonant-vowel syllables)."""
+    words: list[str] = []
+    seen: set[str] = set()
+    while len(words) < n:
+        w = "".join(rng.choice(_CONSONANTS) + rng.choice(_VOWELS) for _ in range(syllables))
+        w += rng.choice(_CONSONANTS) + suffix
+        if w not in seen:
+            seen.add(w)
+            words.append(w)
+    return words
+
+
+class KBWalk(Task):
+    """The knowledge-base walk task.
+
+    >>> task = KBWalk(KBWalkConfig(n_entities=6, n_relations=2))
+    >>> ex = task.examples("train", 1, seed=0)[0]
+    >>> task.reward([ex.prompt], [ex.completion])
+    [1.0]
+    """
+
+    name = "kb_walk"
+
+    def __init__(self, config: KBWalkConfig = KBWalkConfig()):
+        self.config = config
+        rng = random.Random(f"kb_walk-world-{config.world_seed}")
+        self.entities = tuple(invented_words(config.n_entities, rng, syllables=2))
+        self.relations = tuple(invented_words(config.n_relations, rng, syllables=1, suffix="_of"))
+        self.facts: dict[tuple[str, str], str] = {}  # (entity, relation) -> entity
+        self.counts: dict[tuple[str, str], int] = {}  # pre-training occurrences of each fact
+        for e in self.entities:
+            for r in self.relations:
+                if rng.random() < config.p_missing:
+                    continue
+                self.facts[(e, r)] = rng.choice([x for x in self.entities if x != e])
+                rare = rng.random() < config.p_rare
+                self.counts[(e, r)] = rng.randint(*config.rare_counts) if rare else config.common_count
+        self._entity_set = frozenset(self.entities)
+
+    # -- the world -------------------------------------------------------------------
+    def symbols(self) -> tuple[str, ...]:
+        return self.entities + self.relations + ("=", ".")
+
+    def is_rare(self, entity: str, relation: str) -> bool:
+        """True for a fact that appears fewer than ``common_count`` times in pre-training."""
+        return self.counts.get((entity, relation), 0) < self.config.common_count
+
+    def visible(self, entity: str, relation: str) -> bool:
+        """Whether train chains may use this (entity, relation) pair."""
+        held = split_of(f"{entity} {relation}", 1.0 - self.config.sft_visible_fraction,
+                        salt=self.config.world_seed)
+        return held == "train"
+
+    def walk(self, start: str, relations: Sequence[str]) -> list[str]:
+        """The gold completion symbols of a chain: ``[e0, r1, e1, ...]``, ending in
+        ``<abstain>`` at the first pair without a fact."""
+        out, e = [start], start
+        for r in relations:
+            out.append(r)
+            e = self.facts.get((e, r))
+            if e is None:
+                out.append(ABSTAIN)
+                break
+            out.append(e)
+        return out
+
+    def _pairs(self, start: str, relations: Sequence[str]) -> list[tuple[str, str]]:
+        """The (entity, relation) pairs a chain looks up, up to the first missing fact."""
+        pairs, e = [], start
+        for r in relations:
+            pairs.append((e, r))
+            e = self.facts.get((e, r))
+            if e is None:
+                break
+        return pairs
+
+    # -- examples --------------------------------------------------------------------
+    def examples(self, split: str, n: int, seed: int, hops: int | None = None) -> list[Example]:
+        """``n`` chains of the split; ``hops`` fixes the chain length (default: 1..max_hops)."""
+        check_split(split)
+        check_count("n", n)
+        if hops is not None and not (isinstance(hops, int) and 1 <= hops):
+            raise ValueError(f"hops must be an int >= 1 or None, got {hops!r}")
+        rng = rng_for(seed, "kb_walk", split, hops)
+        out = []
+        for _ in range(n):
+            for _ in range(_MAX_TRIES):
+                k = hops or rng.randint(1, self.config.max_hops)
+                start = rng.choice(self.entities)
+                rels = [rng.choice(self.relations) for _ in range(k)]
+                all_visible = all(self.visible(*p) for p in self._pairs(start, rels))
+                if all_visible == (split == "train"):
+                    break
+            else:
+                raise ValueError(f"could not draw a {split} chain in {_MAX_TRIES} tries: "
+                                 f"sft_visible_fraction={self.config.sft_visible_fraction} is too extreme")
+            out.append(Example(" ".join([start, *rels, "="]), " ".join(self.walk(start, rels))))
+        return out
+
+    def _parse_prompt(self, prompt: str) -> tuple[str, list[str]]:
+        parts = prompt.split()
+        if (len(parts) < 3 or parts[-1] != "=" or parts[0] not in self._entity_set
+                or any(r not in self.relations for r in parts[1:-1])):
+            raise ValueError(f"not a kb_walk prompt (expected 'entity relation ... ='): {prompt!r}")
+        return parts[0], parts[1:-1]
+
+    def gold(self, prompt: str) -> str:
+        start, rels = self._parse_prompt(prompt)
+        return " ".join(self.walk(start, rels))
+
+    def pretraining_documents(self, seed: int) -> list[str]:
+        """Every fact ``counts[fact]`` times as ``e r e' .``, shuffled into documents."""
+        rng = rng_for(seed, "kb_walk-pretrain")
+        sentences = [f"{e} {r} {self.facts[(e, r)]} ." for (e, r), c in self.counts.items() for _ in range(c)]
+        rng.shuffle(sentences)
+        k = self.config.facts_per_document
+        return [" ".join(sentences[i:i + k]) for i in range(0, len(sentences), k)]
+
+    # -- verification ------------------------------------------------------------------
+    def claims(self, prompt: str, completion: str | Sequence[str]) -> list[Claim]:
+        """One claim per step ``r_i x_i``, judged against the entity the completion reached.
+
+        A wrong start entity, a relation that is not the prompt's, a non-entity answer or a
+        step beyond the prompt's chain is MALFORMED. The claim is ``correct`` when it equals
+        the gold walk at that step."""
+        start, rels = self._parse_prompt(prompt)
+        said = completion_symbols(completion)
+        gold = self.walk(start, rels)
+        claims: list[Claim] = []
+        if not said:
+            return claims
+        if said[0] != start:
+            return [Claim(0, len(said), " ".join(said), MALFORMED, False)]
+        e = start
+        for i in range(1, len(said), 2):
+            step = said[i:i + 2]
+            text, j = " ".join(step), (i - 1) // 2
+            correct = said[:i + 2] == gold[:i + 2]
+            if len(step) < 2 or j >= len(rels) or step[0] != rels[j]:
+                claims.append(Claim(i, i + len(step), text, MALFORMED, False))
+                break
+            r, x = step
+            truth = self.facts.get((e, r))
+            if x == ABSTAIN:
+                status = ABSTAINED
+            elif x not in self._entity_set:
+                status = MALFORMED
+            elif truth is None:
+                status = UNSUPPORTED
+            else:
+                status = SUPPORTED if x == truth else CONTRADICTED
+            claims.append(Claim(i, i + 2, text, status, correct))
+            if status in (ABSTAINED, MALFORMED):
+                break
+            e = x
+        return claims
+
+    def plausible_error(self, example: Example, position: int, rng: random.Random) -> str:
+        """At an entity: another entity that is some fact's answer for the same relation; at a
+        relation: another relation; at ``<abstain>``: an entity (a made-up answer)."""
+        gold = example.completion.split()
+        if not 0 <= position < len(gold):
+            raise ValueError(f"position must be in [0, {len(gold)}), got {position!r}")
+        right = gold[position]
+        if right in self.relations and len(self.relations) > 1:
+            return rng.choice([r for r in self.relations if r != right])
+        if position > 0 and gold[position - 1] in self.relations:
+            rel = gold[position - 1]
+            pool = sorted({t for (e, r), t in self.facts.items() if r == rel and t != right})
+            if pool:
+                return rng.choice(pool)
+        return rng.choice([e for e in self.entities if e != right])

@@ -1,0 +1,184 @@
+"""Synthetic tasks: verifiers on hand-written completions, disjoint splits, corpora, claims."""
+
+import random
+from collections import Counter
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from halluc_lab.tasks import (ABSTAINED, CONTRADICTED, MALFORMED, SUPPORTED, UNSUPPORTED, Arithmetic,
+                              ArithmeticConfig, KBWalk, KBWalkConfig, PathStar, PathStarConfig,
+                              completion_symbols, make_task)
+
+TASKS = [KBWalk(KBWalkConfig(n_entities=20, n_relations=3, common_count=5)),
+         Arithmetic(ArithmeticConfig(max_digits=3, n_pretrain_documents=50)),
+         PathStar(PathStarConfig(degree=3, path_length=4, n_nodes=16, n_pretrain_documents=50))]
+
+
+# -- shared behaviour --------------------------------------------------------------------------
+def test_completion_symbols_cuts_at_eos_and_applies_backspace():
+    assert completion_symbols("1 2 <bksp> 3 <eos> 4") == ["1", "3"]
+    assert completion_symbols("<bksp> 1 <bksp> <bksp> 2 <pad>") == ["2"]
+    assert completion_symbols(["a", "<bksp>"]) == []
+
+
+@pytest.mark.parametrize("task", TASKS, ids=lambda t: t.name)
+def test_gold_completions_get_full_reward_and_only_supported_claims(task):
+    exs = task.examples("train", 20, seed=1) + task.examples("heldout", 20, seed=1)
+    assert task.reward([e.prompt for e in exs], [e.completion for e in exs]) == [1.0] * 40
+    for e in exs:
+        assert task.gold(e.prompt) == e.completion
+        assert all(c.correct and c.status in (SUPPORTED, ABSTAINED) for c in task.claims(e.prompt, e.completion))
+        task.tokenizer().encode(e.prompt + " " + e.completion)  # every symbol is in the vocabulary
+
+
+@pytest.mark.parametrize("task", TASKS, ids=lambda t: t.name)
+def test_splits_are_disjoint_and_deterministic(task):
+    train = {(e.prompt, e.completion) for e in task.examples("train", 300, seed=0)}
+    held = {(e.prompt, e.completion) for e in task.examples("heldout", 100, seed=0)}
+    assert not train & held
+    assert task.examples("heldout", 5, seed=3) == task.examples("heldout", 5, seed=3)
+    assert task.examples("heldout", 5, seed=3) != task.examples("heldout", 5, seed=4)
+
+
+@pytest.mark.parametrize("task", TASKS, ids=lambda t: t.name)
+def test_backspaced_correction_is_verified_as_correct(task):
+    e = task.examples("train", 1, seed=2)[0]
+    gold = e.completion.split()
+    wrong = task.plausible_error(e, 0, random.Random(0))
+    fixed = " ".join([wrong, "<bksp>", *gold, "<eos>", "<pad>"])
+    assert task.reward([e.prompt], [fixed]) == [1.0]
+    assert task.reward([e.prompt], [" ".join([wrong, *gold[1:]])]) == [0.0]
+
+
+@pytest.mark.parametrize("task", TASKS, ids=lambda t: t.name)
+def test_plausible_errors_are_wrong_and_in_the_vocabulary(task):
+    rng = random.Random(0)
+    vocab = set(task.symbols()) | {"<abstain>"}
+    for e in task.examples("train", 30, seed=5):
+        gold = e.completion.split()
+        for i, right in enumerate(gold):
+            w = task.plausible_error(e, i, rng)
+            assert w != right and w in vocab
+
+
+@pytest.mark.parametrize("task", TASKS, ids=lambda t: t.name)
+def test_bad_arguments_raise(task):
+    with pytest.raises(ValueError, match="split"):
+        task.examples("test", 1, seed=0)
+    with pytest.raises(ValueError, match="n must be"):
+        task.examples("train", -1, seed=0)
+    with pytest.raises(ValueError, match="same length"):
+        task.reward(["a"], [])
+    with pytest.raises(ValueError, match="prompt"):
+        task.gold("nonsense")
+
+
+def test_reward_keywords_set_the_abstain_and_wrong_values():
+    task = TASKS[0]
+    e = next(e for e in task.examples("train", 50, seed=0) if "<abstain>" not in e.completion)
+    start, rel = e.completion.split()[:2]
+    out = task.reward([e.prompt] * 3, [e.completion, f"{start} {rel} <abstain>", f"{start} {start}"],
+                      abstain_reward=0.25, wrong_reward=-1.0, unused_keyword=True)
+    assert out == [1.0, 0.25, -1.0]
+
+
+def test_make_task_dispatches_on_the_config_type():
+    assert isinstance(make_task(ArithmeticConfig()), Arithmetic)
+    assert isinstance(make_task(PathStarConfig()), PathStar)
+    with pytest.raises(TypeError, match="config must be"):
+        make_task({"max_digits": 3})
+
+
+# -- kb_walk ---------------------------------------------------------------------------------
+def test_kb_walk_pretraining_counts_are_exact_and_rare_facts_appear_one_to_three_times():
+    task = KBWalk(KBWalkConfig(n_entities=20, n_relations=3, common_count=7, p_rare=0.3))
+    seen = Counter(tuple(s.split()) for d in task.pretraining_documents(seed=0)
+                   for s in d.replace(" .", " .|").split("|") if s.strip())
+    seen = Counter({(a, r): c for (a, r, b, _), c in seen.items() if task.facts[(a, r)] == b})
+    assert seen == Counter(task.counts)
+    rare = [c for f, c in task.counts.items() if task.is_rare(*f)]
+    assert rare and all(1 <= c <= 3 for c in rare)
+    assert all(c == 7 for f, c in task.counts.items() if not task.is_rare(*f))
+
+
+def test_kb_walk_heldout_chains_use_a_pair_train_chains_never_use():
+    task = TASKS[0]
+    for e in task.examples("train", 50, seed=0):
+        assert all(task.visible(*p) for p in task._pairs(e.prompt.split()[0], e.prompt.split()[1:-1]))
+    for e in task.examples("heldout", 50, seed=0):
+        assert not all(task.visible(*p) for p in task._pairs(e.prompt.split()[0], e.prompt.split()[1:-1]))
+
+
+def test_kb_walk_claims_flag_hallucinated_steps():
+    task = TASKS[0]
+    (e0, r), e1 = next(iter(task.facts.items()))
+    wrong = next(x for x in task.entities if x != e1)
+    missing_e, missing_r = next((e, r2) for e in task.entities for r2 in task.relations
+                                if (e, r2) not in task.facts)
+    st_ = lambda p, c: [x.status for x in task.claims(p, c)]
+    assert st_(f"{e0} {r} =", f"{e0} {r} {e1}") == [SUPPORTED]
+    assert st_(f"{e0} {r} =", f"{e0} {r} {wrong}") == [CONTRADICTED]
+    assert st_(f"{missing_e} {missing_r} =", f"{missing_e} {missing_r} {wrong}") == [UNSUPPORTED]
+    assert st_(f"{missing_e} {missing_r} =", f"{missing_e} {missing_r} <abstain>") == [ABSTAINED]
+    assert task.claims(f"{missing_e} {missing_r} =", f"{missing_e} {missing_r} {wrong}")[0].hallucinated
+    other_r = next(x for x in task.relations if x != r)
+    assert st_(f"{e0} {r} =", f"{e0} {other_r} {e1}") == [MALFORMED]
+    assert task.gold(f"{missing_e} {missing_r} =") == f"{missing_e} {missing_r} <abstain>"
+
+
+def test_kb_walk_fixed_hops_gives_chains_of_that_length():
+    task = TASKS[0]
+    assert all(len(e.prompt.split()) == 2 + 3 for e in task.examples("heldout", 20, seed=0, hops=3))
+
+
+# -- arithmetic ------------------------------------------------------------------------------
+def test_arithmetic_verifier_on_hand_written_sums():
+    task = Arithmetic(ArithmeticConfig(max_digits=3))
+    assert task.reward(["9 9 9 + 1 =", "9 9 9 + 1 =", "1 2 + 3 ="], ["1 0 0 0", "1 0 0", "1 5"]) == [1.0, 0.0, 1.0]
+    claims = task.claims("9 9 9 + 1 =", "1 0 1 0 7")
+    assert [c.status for c in claims] == [SUPPORTED, SUPPORTED, CONTRADICTED, SUPPORTED, UNSUPPORTED]
+    rev = Arithmetic(ArithmeticConfig(max_digits=3, reverse_output=True))
+    assert rev.gold("9 9 9 + 1 2 =") == "1 1 0 1"
+
+
+def test_arithmetic_answer_length_is_respected_and_heldout_pairs_never_reach_pretraining():
+    task = TASKS[1]
+    assert all(len(e.completion.split()) == 4 for e in task.examples("train", 20, seed=0, answer_digits=4))
+    held = {e.prompt for e in task.examples("heldout", 200, seed=0)}
+    corpus = " ".join(task.pretraining_documents(seed=0))
+    eqs = {s.split("=")[0].strip() + " =" for s in corpus.split(".") if s.strip()}
+    assert not held & eqs and len(eqs) > 50
+
+
+# -- path_star -------------------------------------------------------------------------------
+def test_path_star_verifier_on_a_hand_written_graph():
+    task = PathStar(PathStarConfig(degree=2, path_length=3, n_nodes=5))
+    prompt = "0 1 , 1 2 , 0 3 , 3 4 / 0 4 ="
+    assert task.reward([prompt] * 3, ["0 3 4", "0 1 2", "0 3 4 2"]) == [1.0, 0.0, 0.0]
+    assert [c.status for c in task.claims(prompt, "0 1 4")] == [SUPPORTED, SUPPORTED, UNSUPPORTED]
+    assert [c.status for c in task.claims(prompt, "3 4")] == [MALFORMED, SUPPORTED]
+    rev = PathStar(PathStarConfig(degree=2, path_length=3, n_nodes=5, reverse_path=True))
+    assert rev.gold(prompt) == "4 3 0"
+    assert all(c.status == SUPPORTED for c in rev.claims(prompt, "4 3 0"))
+
+
+def test_path_star_plausible_first_step_error_is_the_other_arm():
+    task = PathStar(PathStarConfig(degree=2, path_length=3, n_nodes=5))
+    from halluc_lab.tasks import Example
+    ex = Example("0 1 , 1 2 , 0 3 , 3 4 / 0 4 =", "0 3 4")
+    assert task.plausible_error(ex, 1, random.Random(0)) == "1"
+    assert task.plausible_error(ex, 2, random.Random(0)) == "2"
+
+
+def test_path_star_config_needs_enough_labels():
+    with pytest.raises(ValueError, match="n_nodes"):
+        PathStarConfig(degree=3, path_length=5, n_nodes=10)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 999), st.integers(0, 999))
+def test_arithmetic_gold_is_the_sum(a, b):
+    task = Arithmetic(ArithmeticConfig(max_digits=3))
+    assert int(task.gold(task.example(a, b).prompt).replace(" ", "")) == a + b
