@@ -1,4 +1,4 @@
-"""Notebook plumbing shared by every chapter: the run footer (DESIGN.md §3).
+"""Notebook plumbing shared by every chapter: the run footer and glued values (DESIGN.md §3).
 
 The last cell of every chapter calls :func:`footer`. It shows the run's device,
 scale, seed, library version and date, and glues them (``run_device``, ...) so
@@ -7,10 +7,13 @@ that ``scripts/reproduce.py`` can copy them into the notebook's metadata.
 
 from __future__ import annotations
 
+import ast
 import datetime
 import platform
+from pathlib import Path
 
 import torch
+import yaml
 
 from halluc_lab.device import Runtime
 
@@ -48,3 +51,47 @@ def footer(rt: Runtime):
         f"<small>Run on **{meta['device']}** at scale **{meta['scale']}**, seed {meta['seed']}, "
         f"halluc_lab {meta['version']}, torch {meta['torch']}, {meta['date']}.</small>"
     )
+
+
+def read_glue(nb) -> dict:
+    """The values a notebook glued, parsed from their plain-text form."""
+    values: dict = {}
+    for cell in nb.cells:
+        for output in cell.get("outputs", []) if cell.cell_type == "code" else []:
+            meta = output.get("metadata", {}).get("scrapbook")
+            if not meta:
+                continue
+            name, text = meta["name"], output["data"].get(meta.get("mime_prefix", "") + "text/plain")
+            try:
+                value = ast.literal_eval(text)
+            except (ValueError, SyntaxError) as err:
+                raise ValueError(f"glued value {name!r} is not a plain Python literal: {text!r}; "
+                                 "glue floats, ints, bools, strings or lists of them") from err
+            if name in values:
+                raise ValueError(f"{name!r} is glued twice")
+            values[name] = value
+    return values
+
+
+def toc_files(root: Path) -> list[str]:
+    """Every page ``root/_toc.yml`` lists, the root page first, without suffix."""
+    toc = yaml.safe_load((Path(root) / "_toc.yml").read_text())
+    found: list[str] = [toc["root"]]
+
+    def walk(node):
+        if isinstance(node, dict):
+            if "file" in node:
+                found.append(str(node["file"]))
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(toc)
+    return found
+
+
+def toc_notebooks(root: Path) -> list[str]:
+    """Stems of the chapter notebooks the book lists, in book order."""
+    return [Path(f).name for f in toc_files(root) if f.startswith("notebooks/")]

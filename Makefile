@@ -1,0 +1,52 @@
+# Thin targets (DESIGN.md §1). `make book` and `make test` do all the set-up themselves:
+# a local virtual environment, the CPU build of torch on a machine without an NVIDIA GPU,
+# the requirements, the package (editable) and, for the book tests, Debian's Chromium.
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+TORCH_VERSION ?= 2.13.0
+TORCH_WHEELS ?= /opt/wheels
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: setup book test lab reproduce bench browser clean
+
+setup: $(STAMP)
+
+$(STAMP): requirements.txt pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	@# torch first, so that requirements' torch>=2.4 is already met and pulls no CUDA wheels on a CPU machine.
+	@if nvidia-smi -L >/dev/null 2>&1 || [ "$$(uname)" = Darwin ]; then \
+	    $(PY) -m pip install --quiet "torch>=2.4"; \
+	elif ls $(TORCH_WHEELS)/torch-$(TORCH_VERSION)*cpu*.whl >/dev/null 2>&1; then \
+	    $(PY) -m pip install --quiet --find-links $(TORCH_WHEELS) "torch==$(TORCH_VERSION)"; \
+	else \
+	    $(PY) -m pip install --quiet --index-url https://download.pytorch.org/whl/cpu "torch>=2.4"; \
+	fi
+	$(PY) -m pip install --quiet -r requirements.txt -e .
+	@touch $(STAMP)
+
+browser:
+	@command -v chromium >/dev/null 2>&1 || { $(SUDO) apt-get update -qq && \
+	    DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium >/dev/null; }
+
+book: setup
+	$(VENV)/bin/jupyter-book build .
+	@echo "open _build/html/index.html"
+
+test: setup browser
+	$(PY) -m pytest
+
+lab: setup
+	$(VENV)/bin/jupyter lab notebooks
+
+reproduce: setup
+	$(PY) scripts/reproduce.py --scale auto --out _build/runs
+
+bench: setup
+	$(PY) benchmarks/run_all.py
+
+clean:
+	rm -rf _build

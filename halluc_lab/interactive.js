@@ -1,0 +1,132 @@
+// Draws one precomputed frame of a halluc_lab.interactive explorer as SVG (see interactive.py).
+// The Python side replaces __ROOT_ID__ with the output's id; all data sits in the JSON <script>.
+(function () {
+  var root = document.getElementById("__ROOT_ID__");
+  if (!root || root.getAttribute("data-ready")) return;
+  root.setAttribute("data-ready", "1");
+  var D = JSON.parse(root.querySelector("script.hl-data").textContent);
+  var S = D.static || {};
+  var inputs = root.querySelectorAll("input.hl-slider");
+  var outputs = root.querySelectorAll("output.hl-value");
+  var figure = root.querySelector(".hl-figure");
+  var caption = root.querySelector(".hl-caption");
+  var NS = "http://www.w3.org/2000/svg";
+  var PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"];
+
+  function el(tag, attrs, parent, text) {
+    var node = document.createElementNS(NS, tag);
+    for (var key in attrs) node.setAttribute(key, attrs[key]);
+    if (text !== undefined) node.textContent = text;
+    if (parent) parent.appendChild(node);
+    return node;
+  }
+  function svg(w, h) {
+    figure.innerHTML = "";
+    return el("svg", {width: w, height: h, viewBox: "0 0 " + w + " " + h, role: "img",
+                      "font-size": 11, fill: "currentColor"}, figure);
+  }
+  function fmt(v) {
+    if (v === null) return "";
+    var a = Math.abs(v);
+    return a !== 0 && (a < 0.01 || a >= 1e4) ? v.toExponential(1) : (+v.toFixed(2)).toString();
+  }
+  function axisLabels(s, w, h, m) {
+    if (S.xlabel) el("text", {x: m.l + (w - m.l - m.r) / 2, y: h - 4, "text-anchor": "middle"}, s, S.xlabel);
+    if (S.ylabel) el("text", {x: 12, y: m.t + (h - m.t - m.b) / 2, "text-anchor": "middle",
+                              transform: "rotate(-90 12 " + (m.t + (h - m.t - m.b) / 2) + ")"}, s, S.ylabel);
+  }
+  function yTicks(s, m, w, h, lo, hi) {
+    for (var i = 0; i <= 4; i++) {
+      var v = lo + (hi - lo) * i / 4, y = h - m.b - (h - m.t - m.b) * i / 4;
+      el("line", {x1: m.l - 4, x2: w - m.r, y1: y, y2: y, stroke: "#999", "stroke-opacity": i ? 0.25 : 1}, s);
+      el("text", {x: m.l - 6, y: y + 4, "text-anchor": "end"}, s, fmt(v));
+    }
+  }
+
+  function bars(frame) {
+    var n = S.labels.length, w = 640, h = 300, m = {l: 56, r: 10, t: 18, b: n > 12 ? 70 : 44};
+    var s = svg(w, h), bw = (w - m.l - m.r) / n;
+    yTicks(s, m, w, h, 0, S.ymax);
+    for (var i = 0; i < n; i++) {
+      var v = frame.h[i], bh = (h - m.t - m.b) * Math.min(v / S.ymax, 1), x = m.l + i * bw;
+      var on = !frame.on || frame.on[i];
+      el("rect", {x: x + bw * 0.1, width: bw * 0.8, y: h - m.b - bh, height: bh,
+                  fill: on ? PALETTE[0] : "#c7c7c7", "class": on ? "hl-bar hl-on" : "hl-bar"}, s);
+      if (n <= 24) el("text", {x: x + bw / 2, y: h - m.b - bh - 3, "text-anchor": "middle", "font-size": 9}, s, fmt(v));
+      var tx = x + bw / 2, ty = h - m.b + 14;
+      el("text", n > 12 ? {x: tx, y: ty, "text-anchor": "end", transform: "rotate(-45 " + tx + " " + ty + ")"}
+                        : {x: tx, y: ty, "text-anchor": "middle"}, s, S.labels[i]);
+    }
+    axisLabels(s, w, h, m);
+  }
+
+  function colour(t) {  // viridis, five stops
+    var c = [[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]];
+    t = Math.max(0, Math.min(1, t)) * 4;
+    var i = Math.min(3, Math.floor(t)), f = t - i, out = [];
+    for (var k = 0; k < 3; k++) out.push(Math.round(c[i][k] + (c[i + 1][k] - c[i][k]) * f));
+    return {fill: "rgb(" + out.join(",") + ")", text: t > 2.6 ? "#000" : "#fff"};
+  }
+  function heatmap(frame) {
+    var R = S.rows.length, C = S.cols.length, m = {l: 70, r: 10, t: 10, b: 60};
+    var cell = Math.max(6, Math.min(40, Math.floor(560 / Math.max(R, C))));
+    var w = m.l + C * cell + m.r, h = m.t + R * cell + m.b, s = svg(w, h);
+    for (var r = 0; r < R; r++) {
+      el("text", {x: m.l - 4, y: m.t + r * cell + cell / 2 + 4, "text-anchor": "end"}, s, S.rows[r]);
+      for (var c = 0; c < C; c++) {
+        var v = frame[r][c], x = m.l + c * cell, y = m.t + r * cell;
+        var col = v === null ? {fill: "none", text: "#000"} : colour((v - S.vmin) / (S.vmax - S.vmin));
+        el("rect", {x: x, y: y, width: cell - 1, height: cell - 1, fill: col.fill, stroke: v === null ? "#ccc" : "none",
+                    "class": "hl-cell"}, s);
+        if (S.values && v !== null && cell >= 22)
+          el("text", {x: x + cell / 2, y: y + cell / 2 + 3, "text-anchor": "middle", "font-size": 9, fill: col.text}, s, fmt(v));
+      }
+    }
+    for (var c2 = 0; c2 < C; c2++) {
+      var tx = m.l + c2 * cell + cell / 2, ty = m.t + R * cell + 12;
+      el("text", {x: tx, y: ty, "text-anchor": "end", transform: "rotate(-45 " + tx + " " + ty + ")"}, s, S.cols[c2]);
+    }
+    axisLabels(s, w, h, m);
+  }
+
+  function lines(frame) {
+    var w = 640, h = 300, m = {l: 56, r: 110, t: 12, b: 40}, s = svg(w, h);
+    var x0 = Math.min.apply(null, S.x), x1 = Math.max.apply(null, S.x), lo = S.ylim[0], hi = S.ylim[1];
+    var px = function (x) { return m.l + (w - m.l - m.r) * (x - x0) / ((x1 - x0) || 1); };
+    var py = function (y) { return h - m.b - (h - m.t - m.b) * (y - lo) / (hi - lo); };
+    yTicks(s, m, w, h, lo, hi);
+    for (var i = 0; i <= 4; i++) {
+      var xv = x0 + (x1 - x0) * i / 4;
+      el("text", {x: px(xv), y: h - m.b + 14, "text-anchor": "middle"}, s, fmt(xv));
+    }
+    frame.forEach(function (ys, k) {
+      var pts = ys.map(function (y, j) { return px(S.x[j]) + "," + py(y); }).join(" ");
+      el("polyline", {points: pts, fill: "none", stroke: PALETTE[k % PALETTE.length], "stroke-width": 2, "class": "hl-line"}, s);
+      el("text", {x: w - m.r + 6, y: m.t + 14 * (k + 1), fill: PALETTE[k % PALETTE.length]}, s, S.series[k]);
+    });
+    axisLabels(s, w, h, m);
+  }
+
+  function images(frame) {
+    figure.innerHTML = "";
+    var img = document.createElement("img");
+    img.src = frame;
+    img.alt = D.title || "figure";
+    img.style.maxWidth = "100%";
+    figure.appendChild(img);
+  }
+
+  var draw = {bars: bars, heatmap: heatmap, lines: lines, images: images}[D.kind];
+  function update() {
+    var k = 0;
+    for (var i = 0; i < inputs.length; i++) {
+      k = k * D.shape[i] + (+inputs[i].value);
+      outputs[i].textContent = D.controls[i].labels[+inputs[i].value];
+    }
+    draw(D.frames[k]);
+    caption.textContent = D.captions ? D.captions[k] : "";
+    root.setAttribute("data-frame", k);
+  }
+  for (var i = 0; i < inputs.length; i++) inputs[i].addEventListener("input", update);
+  update();
+})();

@@ -1,0 +1,27 @@
+"""Progress bars for long loops: live in JupyterLab and terminals, silent in batch runs.
+
+Batch runs (the test harness, ``scripts/reproduce.py``) set ``HALLUC_BATCH=1``: a
+progress bar there would only leave widget state or carriage-return noise in the
+committed notebooks, so it is switched off. Everywhere else this is ``tqdm.auto``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+
+from tqdm.auto import tqdm
+
+ENV_BATCH = "HALLUC_BATCH"
+
+
+def in_batch() -> bool:
+    """True when running under the test harness or the reproduce script."""
+    return os.environ.get(ENV_BATCH, "") not in ("", "0")
+
+
+def progress(iterable: Iterable | None = None, **kwargs) -> tqdm:
+    """``tqdm(iterable, **kwargs)``, disabled in batch runs: ``for step in progress(range(n), desc="train")``."""
+    kwargs.setdefault("disable", in_batch())
+    kwargs.setdefault("dynamic_ncols", True)
+    return tqdm(iterable, **kwargs)

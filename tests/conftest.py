@@ -1,0 +1,29 @@
+"""Test-wide settings: batch mode, a fresh recipe cache, and GPU-only tests skipped without CUDA."""
+
+import os
+import tempfile
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def pytest_configure(config):
+    # Set before any kernel starts (papermill and nbval kernels inherit the environment):
+    # no progress bars in recorded outputs, a headless matplotlib, and a recipe cache of
+    # this run's own, so that every test run trains what it uses from scratch.
+    os.environ["HALLUC_BATCH"] = "1"
+    os.environ.setdefault("MPLBACKEND", "Agg")
+    os.environ.setdefault("HALLUC_CACHE", tempfile.mkdtemp(prefix="halluc-cache-"))
+    os.environ.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")
+
+
+def pytest_collection_modifyitems(config, items):
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device (run it through the device tool)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

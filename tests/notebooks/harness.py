@@ -1,0 +1,56 @@
+"""Helpers of the notebook tests: the notebooks the book lists, papermill runs, glued values."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import nbformat
+import papermill
+
+from halluc_lab import notebook
+from halluc_lab.notebook import read_glue
+
+ROOT = Path(__file__).resolve().parents[2]
+NOTEBOOKS = ROOT / "notebooks"
+
+
+def toc_files() -> list[str]:
+    """Every page of the book, root first."""
+    return notebook.toc_files(ROOT)
+
+
+def toc_notebooks() -> list[str]:
+    """The chapter notebooks, in book order."""
+    return notebook.toc_notebooks(ROOT)
+
+
+@dataclass
+class NotebookRun:
+    """One papermill execution of a chapter at scale=smoke."""
+
+    stem: str
+    path: Path  # the executed copy, in a temporary folder
+    nb: nbformat.NotebookNode
+    glue: dict
+    seconds: float
+
+
+_RUNS: dict[str, NotebookRun] = {}
+
+
+def run_notebook(stem: str, out_dir: Path) -> NotebookRun:
+    """Execute ``notebooks/<stem>.ipynb`` at scale=smoke (once per session)."""
+    if stem not in _RUNS:
+        source = NOTEBOOKS / f"{stem}.ipynb"
+        if not source.exists():
+            raise FileNotFoundError(f"{source} does not exist")
+        target = out_dir / f"{stem}.ipynb"
+        start = time.perf_counter()
+        papermill.execute_notebook(str(source), str(target), parameters={"scale": "smoke"},
+                                   cwd=str(NOTEBOOKS), progress_bar=False, log_output=False)
+        seconds = time.perf_counter() - start
+        nb = nbformat.read(target, as_version=4)
+        _RUNS[stem] = NotebookRun(stem, target, nb, read_glue(nb), seconds)
+    return _RUNS[stem]

@@ -1,0 +1,64 @@
+"""What every chapter notebook in the book must satisfy (DESIGN.md §2, §3 and §6)."""
+
+import re
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from tests.notebooks.harness import NOTEBOOKS, read_glue, toc_notebooks
+
+pytestmark = pytest.mark.notebook
+STEMS = toc_notebooks()
+HERE = Path(__file__).parent
+
+
+def _code_cells(nb):
+    return [c for c in nb.cells if c.cell_type == "code"]
+
+
+def test_the_book_lists_notebooks():
+    assert STEMS, "_toc.yml lists no notebook"
+
+
+@pytest.mark.parametrize("stem", STEMS)
+def test_notebook_has_a_test_module_with_expectations(stem):
+    declared = {m.group(1) for path in HERE.glob("test_*.py")
+                for m in re.finditer(r'^NOTEBOOK\s*=\s*"([^"]+)"', path.read_text(), re.M)}
+    assert stem in declared, f"no tests/notebooks/test_*.py sets NOTEBOOK = {stem!r}"
+
+
+@pytest.mark.parametrize("stem", STEMS)
+def test_notebook_starts_with_parameters_and_ends_with_footer(stem):
+    nb = nbformat.read(NOTEBOOKS / f"{stem}.ipynb", as_version=4)
+    code = _code_cells(nb)
+    first = code[0]
+    assert "parameters" in first.metadata.get("tags", []), "first code cell must be tagged 'parameters'"
+    for name in ("scale", "seed", "device"):
+        assert re.search(rf"^{name}\s*=", first.source, re.M), f"parameters cell must set {name}"
+    assert re.search(r'^scale\s*=\s*"auto"', first.source, re.M), 'scale must default to "auto"'
+    assert code[-1].source.strip() == "hl.footer(rt)", "the last code cell must be hl.footer(rt)"
+
+
+@pytest.mark.parametrize("stem", STEMS)
+def test_committed_notebook_carries_a_full_scale_run(stem):
+    nb = nbformat.read(NOTEBOOKS / f"{stem}.ipynb", as_version=4)
+    assert all(c.get("execution_count") for c in _code_cells(nb)), "every code cell must have been run"
+    meta = nb.metadata.get("halluc_lab", {})
+    assert meta.get("scale") == "full", f"committed outputs must come from a scale=full run, got {meta}"
+    assert {"device", "seed", "version", "date"} <= meta.keys()
+    assert read_glue(nb).get("run_scale") == "full", "the footer must record the full-scale run"
+
+
+@pytest.mark.parametrize("stem", STEMS)
+def test_smoke_run_is_clean(stem, notebook_run):
+    run = notebook_run(stem)
+    assert run.glue.get("run_scale") == "smoke"
+    for cell in _code_cells(run.nb):
+        for out in cell.get("outputs", []):
+            text = "".join(out.get("text", "")) if out.get("name") == "stderr" else ""
+            assert not re.search(r"Warning|Traceback", text), f"stderr shows a warning:\n{text}"
+        if cell.source.startswith("# NBVAL_CHECK_OUTPUT"):
+            kinds = {k for out in cell.get("outputs", []) for k in out.get("data", {})}
+            assert not any(k.startswith("image/") for k in kinds), \
+                "a checked cell must not show a figure (nbval would compare its pixels)"

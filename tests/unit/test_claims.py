@@ -1,0 +1,47 @@
+"""halluc_lab.claims: agreement within tolerance, deterministic rendering, clear errors."""
+
+import pytest
+
+from halluc_lab.claims import ClaimTable
+
+
+def test_numeric_claim_agrees_within_absolute_tolerance():
+    t = ClaimTable("doc §1")
+    assert t.check("x", stated=0.66, computed=0.659, tol=0.005)
+    assert not t.check("y", stated=0.66, computed=0.70, tol=0.005)
+    assert t.n_disagreements == 1 and t.disagreements[0].quantity == "y"
+
+
+def test_relative_tolerance_scales_with_the_stated_value():
+    t = ClaimTable("doc §1")
+    assert t.check("big", stated=1000.0, computed=1004.0, rel=0.005)
+    assert not t.check("big2", stated=1000.0, computed=1006.0, rel=0.005)
+
+
+def test_nan_never_agrees():
+    t = ClaimTable("doc")
+    assert not t.check("nan", stated=1.0, computed=float("nan"), tol=10.0)
+
+
+def test_rendering_is_deterministic_and_rounded():
+    t = ClaimTable("doc §2", digits=3)
+    t.check("p", stated=0.5, computed=0.123456789, tol=1.0)
+    t.check("phrase", stated="O(n²)", computed="O(n²)", agrees=True)
+    text = repr(t)
+    assert "0.123" in text and "0.1234" not in text and "2 of 2 agree" in text
+    assert text == repr(t) and "<table" in t._repr_html_()
+
+
+def test_numeric_claim_without_tolerance_is_an_error():
+    with pytest.raises(ValueError, match="tol"):
+        ClaimTable("doc").check("x", stated=1.0, computed=1.0)
+
+
+def test_tolerance_on_words_is_a_type_error():
+    with pytest.raises(TypeError, match="numeric"):
+        ClaimTable("doc").check("x", stated="fast", computed=1.0, tol=0.1)
+
+
+def test_negative_tolerance_is_rejected():
+    with pytest.raises(ValueError, match="tol"):
+        ClaimTable("doc").check("x", stated=1.0, computed=1.0, tol=-1)

@@ -1,0 +1,65 @@
+"""halluc_lab.device: device choice with its reason, the override, scales and seeding."""
+
+import pytest
+import torch
+
+from halluc_lab import device as dev
+
+
+def test_auto_scale_is_full_on_cuda_and_smoke_elsewhere():
+    assert dev.resolve_scale("auto", torch.device("cuda")) == "full"
+    assert dev.resolve_scale("auto", torch.device("cpu")) == "smoke"
+    assert dev.resolve_scale("full", torch.device("cpu")) == "full"
+
+
+def test_environment_overrides_automatic_choice(monkeypatch):
+    monkeypatch.setenv(dev.ENV_DEVICE, "cpu")
+    device, reason = dev.choose_device("auto")
+    assert device.type == "cpu" and dev.ENV_DEVICE in reason
+
+
+def test_explicit_device_wins_over_environment(monkeypatch):
+    monkeypatch.setenv(dev.ENV_DEVICE, "mps")
+    device, reason = dev.choose_device("cpu")
+    assert device.type == "cpu" and reason == "asked for"
+
+
+def test_setup_prints_device_and_reason(capsys):
+    rt = dev.setup(scale="smoke", device="cpu", seed=3)
+    out = capsys.readouterr().out
+    assert "device: cpu" in out and "asked for" in out and "scale smoke" in out and "seed 3" in out
+    assert rt.dtype == torch.float32 and rt.pick(smoke="s", full="f") == "s"
+
+
+def test_same_seed_gives_same_numbers():
+    dev.setup(device="cpu", seed=7, verbose=False)
+    a = torch.randn(5)
+    dev.setup(device="cpu", seed=7, verbose=False)
+    assert torch.equal(a, torch.randn(5))
+
+
+def test_runtime_generator_is_seeded_by_offset():
+    rt = dev.setup(device="cpu", seed=1, verbose=False)
+    x = torch.rand(3, generator=rt.generator(5))
+    assert torch.equal(x, torch.rand(3, generator=rt.generator(5)))
+    assert not torch.equal(x, torch.rand(3, generator=rt.generator(6)))
+
+
+@pytest.mark.parametrize("kwargs, name", [({"scale": "huge"}, "scale"), ({"device": "tpu"}, "device"),
+                                           ({"seed": -1}, "seed"), ({"seed": 1.5}, "seed")])
+def test_bad_parameters_name_the_argument(kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        dev.setup(verbose=False, **kwargs)
+
+
+def test_unavailable_cuda_is_an_error_not_a_fallback(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match="cuda"):
+        dev.choose_device("cuda")
+
+
+def test_autocast_is_a_no_op_on_cpu():
+    rt = dev.setup(device="cpu", verbose=False)
+    with rt.autocast():
+        y = torch.ones(2, 2) @ torch.ones(2, 2)
+    assert y.dtype == torch.float32

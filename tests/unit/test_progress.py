@@ -1,0 +1,13 @@
+"""halluc_lab.progress: silent in batch runs."""
+
+import io
+
+from halluc_lab.progress import ENV_BATCH, progress
+
+
+def test_progress_is_disabled_in_batch_runs(monkeypatch):
+    monkeypatch.setenv(ENV_BATCH, "1")
+    assert progress(range(3)).disable
+    monkeypatch.setenv(ENV_BATCH, "0")
+    assert not progress(range(3), file=io.StringIO()).disable
+    assert list(progress(range(3), disable=True)) == [0, 1, 2]
