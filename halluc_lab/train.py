@@ -1,0 +1,338 @@
+"""One plain training loop: AdamW, warmup + cosine, accumulation, clipping, checkpoints, resume.
+
+Chapters 7–8. Sources: 000 §5.7 (gradient accumulation), §5.8 (AdamW, Loshchilov & Hutter
+2019; linear warmup then cosine annealing); 001 Part 1 Listing 2 (the training step:
+forward, ``zero_grad``, ``backward``, ``step``).
+
+The loop works for any ``nn.Module`` mapping ``input_ids (B, T)`` (plus the batch's
+``position_ids`` / ``segment_ids`` when it has them) to logits ``(B, T, V)``. Data come from
+a function ``step -> Batch`` (:func:`halluc_lab.sft.batches`) so that a resumed run sees
+exactly the batches it would have seen; the only other randomness (scheduled sampling)
+is seeded by the step as well. Hence resuming from a checkpoint reproduces the losses of
+an uninterrupted run (tested).
+
+Checkpoints go to ``checkpoint_dir/step-NNNNNN/``: the model in Hugging Face format
+(``model.save_pretrained``) and ``trainer_state.pt`` (optimizer state, step, history, the
+config, and SHA-256 checksums of the weight files). Loading one checks all of it and raises
+:class:`CheckpointError` on any mismatch: never a partial load.
+
+Departures: the schedule counts optimizer steps from t = 1, so the first update already
+uses η0/W (Hugging Face's ``get_cosine_schedule_with_warmup`` is the same function of t but
+starts at t = 0, where the rate is 0). Weight decay applies to matrices only (embeddings and
+linear weights), not to norm gains, as in nanoGPT.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import math
+import os
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from halluc_lab.progress import progress
+from halluc_lab.sft import Batch, causal_lm_loss
+
+STATE_FILE = "trainer_state.pt"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that is corrupted or belongs to a different run."""
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Optimisation settings of one run (000 §5.8 notation in brackets)."""
+
+    steps: int = 1000  # optimizer steps [T]
+    lr: float = 1e-3  # peak learning rate [η0]
+    warmup_steps: int = 100  # linear warmup steps [W]
+    betas: tuple[float, float] = (0.9, 0.95)  # Adam moment decays [β1, β2]
+    eps: float = 1e-8  # Adam denominator guard [ε]
+    weight_decay: float = 0.1  # decoupled weight decay on matrices [λ]
+    grad_clip: float | None = 1.0  # clip the global gradient norm to this (None: no clipping)
+    accum_steps: int = 1  # micro-batches per optimizer step [K of 000 §5.7]
+    label_smoothing: float = 0.0  # ε of 004 §3.7
+    checkpoint_every: int = 0  # save every N steps (0: only at the end, when a directory is given)
+    keep_checkpoints: int = 2  # how many recent checkpoints to keep on disk
+    log_every: int = 25  # steps between host syncs that record the history
+
+    def __post_init__(self):
+        for name, low in (("steps", 1), ("warmup_steps", 0), ("accum_steps", 1), ("checkpoint_every", 0),
+                          ("keep_checkpoints", 1), ("log_every", 1)):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < low:
+                raise ValueError(f"{name} must be an int >= {low}, got {v!r}")
+        if self.warmup_steps >= self.steps:
+            raise ValueError(f"warmup_steps must be < steps ({self.steps}), got {self.warmup_steps}")
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            raise ValueError(f"lr must be a positive finite number, got {self.lr!r}")
+        if not all(0.0 <= b < 1.0 for b in self.betas) or len(self.betas) != 2:
+            raise ValueError(f"betas must be two numbers in [0, 1), got {self.betas!r}")
+        if self.eps <= 0 or self.weight_decay < 0:
+            raise ValueError(f"eps must be > 0 and weight_decay >= 0, got {self.eps!r}, {self.weight_decay!r}")
+        if self.grad_clip is not None and not self.grad_clip > 0:
+            raise ValueError(f"grad_clip must be > 0 or None, got {self.grad_clip!r}")
+        if not 0.0 <= self.label_smoothing < 1.0:
+            raise ValueError(f"label_smoothing must be in [0, 1), got {self.label_smoothing!r}")
+
+
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    """η_t of 000 §5.8: η0·t/W for t ≤ W, then η0·½(1 + cos(π (t − W)/(T − W))).
+
+    >>> cfg = TrainConfig(steps=10, lr=1.0, warmup_steps=2)
+    >>> [round(lr_at(t, cfg), 3) for t in (1, 2, 6, 10)]
+    [0.5, 1.0, 0.5, 0.0]
+    """
+    if not isinstance(step, int) or not 0 <= step <= cfg.steps:
+        raise ValueError(f"step must be an int in [0, {cfg.steps}], got {step!r}")
+    if step <= cfg.warmup_steps:
+        return cfg.lr * step / cfg.warmup_steps
+    return cfg.lr * 0.5 * (1.0 + math.cos(math.pi * (step - cfg.warmup_steps) / (cfg.steps - cfg.warmup_steps)))
+
+
+def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
+    """AdamW (000 §5.8) with weight decay on matrices and none on vectors (norm gains, biases)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
+              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    return torch.optim.AdamW([g for g in groups if g["params"]], lr=cfg.lr, betas=cfg.betas, eps=cfg.eps)
+
+
+@torch.no_grad()
+def adamw_reference_step(param: torch.Tensor, grad: torch.Tensor, m: torch.Tensor, v: torch.Tensor, t: int,
+                         lr: float, betas: tuple[float, float], eps: float, weight_decay: float) -> None:
+    """One AdamW update written as 000 §5.8 states it, in place (``torch.optim.AdamW`` agrees, tested).
+
+    m_t = β1 m + (1−β1) g;  v_t = β2 v + (1−β2) g²;  m̂ = m_t/(1−β1^t);  v̂ = v_t/(1−β2^t);
+    θ_t = θ − η (m̂/(√v̂ + ε) + λ θ).
+    """
+    b1, b2 = betas
+    m.mul_(b1).add_((1 - b1) * grad)
+    v.mul_(b2).add_((1 - b2) * grad * grad)
+    m_hat, v_hat = m / (1 - b1 ** t), v / (1 - b2 ** t)
+    param.sub_(lr * (m_hat / (v_hat.sqrt() + eps) + weight_decay * param))
+
+
+@dataclass
+class History:
+    """What the loop records, one entry per optimizer step."""
+
+    step: list[int] = field(default_factory=list)  # optimizer step t
+    loss: list[float] = field(default_factory=list)  # mean target-token loss of the step's batch
+    lr: list[float] = field(default_factory=list)  # learning rate used at the step
+    grad_norm: list[float] = field(default_factory=list)  # global gradient norm before clipping
+    tokens_per_s: list[float] = field(default_factory=list)  # input tokens per second (averaged per log window)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> History:
+        return cls(**{f.name: list(d[f.name]) for f in dataclasses.fields(cls)})
+
+
+def _autocast(device: torch.device, dtype: torch.dtype | None):
+    if dtype is None or dtype == torch.float32:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def accumulate_gradients(model: nn.Module, batch: Batch, accum_steps: int, *, label_smoothing: float = 0.0,
+                         autocast_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Backpropagate the batch's mean target-token loss in ``accum_steps`` micro-batches.
+
+    Each micro-batch's *summed* loss is divided by the whole batch's target count, so the
+    accumulated gradient is the big batch's (000 §5.7, see :mod:`halluc_lab.sft` on why not
+    the mean of micro-batch means). Returns the loss (a 0-d tensor, no host sync).
+    """
+    n_rows = batch.input_ids.shape[0]
+    if not isinstance(accum_steps, int) or not 1 <= accum_steps <= n_rows:
+        raise ValueError(f"accum_steps must be an int in [1, {n_rows}] (the batch's rows), got {accum_steps!r}")
+    device = batch.input_ids.device
+    n_targets = batch.n_targets.clamp_min(1)
+    total = torch.zeros((), device=device)
+    for rows in torch.arange(n_rows, device=device).tensor_split(accum_steps):
+        mb = batch[rows]
+        with _autocast(device, autocast_dtype):
+            logits = model(mb.input_ids, **mb.model_kwargs())  # (b, T, V)
+        loss = causal_lm_loss(logits, mb.labels, label_smoothing=label_smoothing, reduction="sum") / n_targets
+        loss.backward()
+        total += loss.detach()
+    return total
+
+
+def train(model: nn.Module, data: Callable[[int], Batch], cfg: TrainConfig, *,
+          checkpoint_dir: str | os.PathLike | None = None, resume: bool = False,
+          prepare: Callable[[nn.Module, Batch, int], Batch] | None = None,
+          autocast_dtype: torch.dtype | None = None, desc: str = "train") -> History:
+    """Train ``model`` for ``cfg.steps`` optimizer steps; return the metrics history.
+
+    Args:
+        model: maps ``input_ids (B, T)`` (and the batch's model kwargs) to logits (B, T, V).
+        data: ``data(i)`` is the whole batch of optimizer step ``i + 1``; it is split into
+            ``cfg.accum_steps`` micro-batches whose summed losses are divided by the batch's
+            target-token count, so the gradient equals the big batch's.
+        checkpoint_dir: where to save checkpoints (every ``cfg.checkpoint_every`` steps and at the end).
+        resume: continue from the latest checkpoint in ``checkpoint_dir`` if there is one.
+        prepare: ``prepare(model, batch, step) -> batch`` run before the step (scheduled sampling).
+        autocast_dtype: e.g. ``torch.bfloat16`` for autocast on the model's device; None for none.
+    """
+    device = next(model.parameters()).device
+    opt = make_optimizer(model, cfg)
+    history, start = History(), 1
+    if resume:
+        if checkpoint_dir is None:
+            raise ValueError("resume=True needs a checkpoint_dir")
+        last = latest_checkpoint(checkpoint_dir)
+        if last is not None:
+            done, history = load_checkpoint(last, model, opt, cfg)
+            start = done + 1
+    was_training = model.training
+    model.train()
+    params = [p for g in opt.param_groups for p in g["params"]]
+    pending: list[tuple[int, float, torch.Tensor, torch.Tensor, int]] = []
+    clock = time.perf_counter()
+    for step in progress(range(start, cfg.steps + 1), desc=desc, initial=start - 1, total=cfg.steps):
+        lr = lr_at(step, cfg)
+        for g in opt.param_groups:
+            g["lr"] = lr
+        batch = data(step - 1).to(device)
+        if prepare is not None:
+            batch = prepare(model, batch, step)
+        total = accumulate_gradients(model, batch, cfg.accum_steps, label_smoothing=cfg.label_smoothing,
+                                     autocast_dtype=autocast_dtype)
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip or math.inf)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        pending.append((step, lr, total, grad_norm, batch.input_ids.numel()))
+        save_now = checkpoint_dir is not None and (
+            step == cfg.steps or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0))
+        if step % cfg.log_every == 0 or step == cfg.steps or save_now:
+            clock = _flush(pending, history, clock)
+        if save_now:
+            save_checkpoint(checkpoint_dir, step, model, opt, history, cfg)
+    model.train(was_training)
+    return history
+
+
+def _flush(pending: list, history: History, clock: float) -> float:
+    """Move the pending step records to the history (one host sync); check the loss is finite."""
+    if not pending:
+        return clock
+    values = torch.stack([torch.stack([p[2].float(), p[3].float()]) for p in pending]).tolist()
+    now = time.perf_counter()
+    rate = sum(p[4] for p in pending) / max(now - clock, 1e-9)
+    for (step, lr, *_), (loss, gn) in zip(pending, values):
+        if not math.isfinite(loss):
+            raise FloatingPointError(f"the loss is {loss} at step {step} (lr {lr:.3g}): "
+                                     "lower the learning rate or check the data")
+        history.step.append(step)
+        history.loss.append(loss)
+        history.lr.append(lr)
+        history.grad_norm.append(gn)
+        history.tokens_per_s.append(rate)
+    pending.clear()
+    return now
+
+
+# -- checkpoints ---------------------------------------------------------------------------------
+def _sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _weight_files(directory: str) -> list[str]:
+    return sorted(f for f in os.listdir(directory) if f.endswith(".safetensors"))
+
+
+def model_fingerprint(model: nn.Module) -> str:
+    """What must match for a checkpoint to belong to this model: its class, config and parameter shapes."""
+    shapes = ",".join(f"{k}:{tuple(v.shape)}" for k, v in model.state_dict().items())
+    return f"{type(model).__name__}|{getattr(model, 'config', None)!r}|{shapes}"
+
+
+def save_checkpoint(checkpoint_dir: str | os.PathLike, step: int, model: nn.Module, opt: torch.optim.Optimizer,
+                    history: History, cfg: TrainConfig) -> str:
+    """Write ``step-NNNNNN/`` atomically (a temporary directory renamed at the end); keep the last few."""
+    checkpoint_dir = os.fspath(checkpoint_dir)
+    os.makedirs(checkpoint_dir, exist_ok=True)
+    final = os.path.join(checkpoint_dir, f"step-{step:06d}")
+    tmp = final + ".tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    files = _weight_files(tmp)
+    if not files:
+        raise CheckpointError(f"{type(model).__name__}.save_pretrained wrote no .safetensors file in {tmp}")
+    torch.save({"step": step, "optimizer": opt.state_dict(), "history": history.to_dict(),
+                "config": dataclasses.asdict(cfg), "model": model_fingerprint(model),
+                "sha256": {f: _sha256(os.path.join(tmp, f)) for f in files}}, os.path.join(tmp, STATE_FILE))
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+    kept = sorted(d for d in os.listdir(checkpoint_dir) if d.startswith("step-") and not d.endswith(".tmp"))
+    for old in kept[:-cfg.keep_checkpoints]:
+        shutil.rmtree(os.path.join(checkpoint_dir, old), ignore_errors=True)
+    return final
+
+
+def latest_checkpoint(checkpoint_dir: str | os.PathLike) -> str | None:
+    """The newest complete ``step-NNNNNN`` directory, or None."""
+    if not os.path.isdir(checkpoint_dir):
+        return None
+    done = sorted(d for d in os.listdir(checkpoint_dir) if d.startswith("step-") and not d.endswith(".tmp"))
+    return os.path.join(os.fspath(checkpoint_dir), done[-1]) if done else None
+
+
+def load_checkpoint(path: str | os.PathLike, model: nn.Module, opt: torch.optim.Optimizer | None,
+                    cfg: TrainConfig | None) -> tuple[int, History]:
+    """Load weights (and optimizer state) into ``model`` (and ``opt``); return (step, history).
+
+    Raises :class:`CheckpointError` if the state file is unreadable, a weight file's checksum
+    differs, the checkpoint was written for another config or another model, or any
+    parameter is missing, extra or of another shape. Nothing is loaded in that case.
+    """
+    path = os.fspath(path)
+    try:
+        state = torch.load(os.path.join(path, STATE_FILE), map_location="cpu", weights_only=True)
+    except Exception as e:  # any unreadable state is the same problem for the caller
+        raise CheckpointError(f"{path}: cannot read {STATE_FILE} ({type(e).__name__}: {e})") from e
+    if cfg is not None and state["config"] != dataclasses.asdict(cfg):
+        diff = {k: (v, state["config"].get(k)) for k, v in dataclasses.asdict(cfg).items()
+                if state["config"].get(k) != v}
+        raise CheckpointError(f"{path} was written for another TrainConfig; differing fields "
+                              f"(now, checkpoint): {diff}")
+    files = _weight_files(path)
+    if sorted(state["sha256"]) != files:
+        raise CheckpointError(f"{path}: weight files {files} differ from those recorded {sorted(state['sha256'])}")
+    for f, digest in state["sha256"].items():
+        if _sha256(os.path.join(path, f)) != digest:
+            raise CheckpointError(f"{path}/{f} is corrupted: its SHA-256 differs from the one recorded at save time")
+    if state["model"] != model_fingerprint(model):
+        raise CheckpointError(f"{path} holds a different model (class, config or parameter shapes differ)")
+    if opt is not None:
+        saved = [len(g["params"]) for g in state["optimizer"]["param_groups"]]
+        if saved != [len(g["params"]) for g in opt.param_groups]:
+            raise CheckpointError(f"{path}: optimizer state has parameter groups of sizes {saved}, "
+                                  f"this optimizer {[len(g['params']) for g in opt.param_groups]}")
+    try:
+        loaded = type(model).from_pretrained(path)
+        weights = {k: v.to(model.state_dict()[k].dtype) for k, v in loaded.state_dict().items()
+                   if k in model.state_dict()}
+        if set(loaded.state_dict()) != set(model.state_dict()):
+            raise KeyError(sorted(set(loaded.state_dict()) ^ set(model.state_dict())))
+        model.load_state_dict(weights, strict=True)
+        if opt is not None:
+            opt.load_state_dict(state["optimizer"])
+    except Exception as e:
+        raise CheckpointError(f"{path}: cannot load into this model ({type(e).__name__}: {e})") from e
+    return int(state["step"]), History.from_dict(state["history"])

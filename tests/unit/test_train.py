@@ -1,0 +1,177 @@
+"""The training loop: schedule, AdamW, accumulation, resume and checkpoint integrity."""
+
+import dataclasses
+import math
+import os
+
+import pytest
+import torch
+
+from halluc_lab.sft import IGNORE, Batch, batches
+from halluc_lab.train import (CheckpointError, TrainConfig, accumulate_gradients, adamw_reference_step,
+                              latest_checkpoint, load_checkpoint, lr_at, make_optimizer, train)
+from tests.unit._tiny_lm import TinyConfig, TinyLM
+
+
+def rows(n=16, t=10, vocab=12, seed=0):
+    """Rows of a learnable pattern (each token is the previous plus one), some labels masked."""
+    g = torch.Generator().manual_seed(seed)
+    start = torch.randint(1, vocab, (n, 1), generator=g)
+    ids = (start + torch.arange(t)) % vocab  # (N, T)
+    labels = ids.clone()
+    labels[:, 0] = IGNORE
+    cut = torch.randint(1, t // 2, (n,), generator=g)  # uneven numbers of targets per row
+    labels[torch.arange(t)[None, :] < cut[:, None]] = IGNORE
+    return Batch(ids, labels)
+
+
+def model(seed=0, dtype=torch.float32):
+    torch.manual_seed(seed)
+    return TinyLM(TinyConfig()).to(dtype)
+
+
+def test_schedule_matches_the_document_formula_and_hugging_face():
+    from transformers import get_cosine_schedule_with_warmup
+
+    cfg = TrainConfig(steps=50, lr=3e-3, warmup_steps=7)
+    for t in range(cfg.steps + 1):
+        doc = cfg.lr * t / 7 if t <= 7 else cfg.lr * 0.5 * (1 + math.cos(math.pi * (t - 7) / (50 - 7)))
+        assert lr_at(t, cfg) == pytest.approx(doc, abs=1e-15)
+    opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=cfg.lr)
+    hf = get_cosine_schedule_with_warmup(opt, num_warmup_steps=7, num_training_steps=50)
+    for t in range(cfg.steps + 1):  # HF evaluates the same function at t = 0, 1, ...
+        assert lr_at(t, cfg) == pytest.approx(cfg.lr * hf.lr_lambdas[0](t), abs=1e-15)
+    assert lr_at(7, cfg) == cfg.lr and lr_at(50, cfg) == pytest.approx(0.0, abs=1e-18)
+
+
+def test_reference_adamw_matches_torch_adamw():
+    torch.manual_seed(0)
+    p_ref = torch.randn(5, 3, dtype=torch.float64)
+    p = p_ref.clone().requires_grad_(True)
+    opt = torch.optim.AdamW([p], lr=0.01, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+    m, v = torch.zeros_like(p_ref), torch.zeros_like(p_ref)
+    for t in range(1, 6):
+        g = torch.randn(5, 3, dtype=torch.float64)
+        p.grad = g.clone()
+        opt.step()
+        adamw_reference_step(p_ref, g, m, v, t, lr=0.01, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+        torch.testing.assert_close(p.detach(), p_ref, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("k", [2, 3, 16])
+def test_accumulation_gives_the_large_batch_gradient(k):
+    batch = rows()
+    assert len(set((batch.labels != IGNORE).sum(1).tolist())) > 1  # micro-batches differ in target counts
+    big, acc = model(dtype=torch.float64), model(dtype=torch.float64)
+    loss_big = accumulate_gradients(big, batch, 1)
+    loss_acc = accumulate_gradients(acc, batch, k)
+    torch.testing.assert_close(loss_acc, loss_big, rtol=1e-12, atol=0)
+    for a, b in zip(acc.parameters(), big.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-10, atol=1e-14)
+
+
+def test_mean_of_microbatch_means_is_not_the_large_batch_gradient_when_counts_differ():
+    batch = rows()
+    big = model(dtype=torch.float64)
+    accumulate_gradients(big, batch, 1)
+    naive = model(dtype=torch.float64)
+    for half in (batch[:8], batch[8:]):  # 000 §5.7 literally: (1/K) Σ_k ∇L^(k) with per-micro-batch means
+        from halluc_lab.sft import causal_lm_loss
+        (causal_lm_loss(naive(half.input_ids), half.labels) / 2).backward()
+    assert not torch.allclose(naive.head.weight.grad, big.head.weight.grad, rtol=1e-6)
+
+
+def test_training_lowers_the_loss():
+    m = model()
+    hist = train(m, batches(rows(64), 16, seed=0), TrainConfig(steps=60, lr=3e-2, warmup_steps=5, log_every=10))
+    assert hist.step == list(range(1, 61)) and len(hist.loss) == 60
+    assert sum(hist.loss[-5:]) / 5 < 0.5 * sum(hist.loss[:5]) / 5
+    assert hist.lr[0] == pytest.approx(3e-2 / 5) and all(r > 0 for r in hist.tokens_per_s)
+
+
+class Crash(RuntimeError):
+    pass
+
+
+def test_resume_continues_exactly_as_without_the_interruption(tmp_path):
+    cfg = TrainConfig(steps=8, lr=1e-2, warmup_steps=2, checkpoint_every=3, log_every=2)
+    data = batches(rows(32), 8, seed=1)
+    straight = model()
+    full = train(straight, data, cfg, checkpoint_dir=tmp_path / "a")
+
+    def crashing(i):
+        if i == 4:  # step 5: after the checkpoint at step 3 (and before the one at 6)
+            raise Crash
+        return data(i)
+
+    interrupted = model()
+    with pytest.raises(Crash):
+        train(interrupted, crashing, cfg, checkpoint_dir=tmp_path / "b")
+    assert latest_checkpoint(tmp_path / "b").endswith("step-000003")
+    resumed = model(seed=123)  # different initial weights: everything must come from the checkpoint
+    hist = train(resumed, data, cfg, checkpoint_dir=tmp_path / "b", resume=True)
+    assert hist.step == full.step and hist.loss == full.loss and hist.grad_norm == full.grad_norm
+    for a, b in zip(resumed.parameters(), straight.parameters()):
+        assert torch.equal(a, b)
+
+
+def _one_checkpoint(tmp_path, cfg):
+    m = model()
+    train(m, batches(rows(16), 8, seed=0), cfg, checkpoint_dir=tmp_path)
+    return latest_checkpoint(tmp_path)
+
+
+def test_corrupted_weights_raise_instead_of_loading(tmp_path):
+    cfg = TrainConfig(steps=2, warmup_steps=1)
+    path = _one_checkpoint(tmp_path, cfg)
+    weights = os.path.join(path, "model.safetensors")
+    data = bytearray(open(weights, "rb").read())
+    data[-3] ^= 0xFF
+    open(weights, "wb").write(bytes(data))
+    fresh = model(seed=5)
+    before = [p.clone() for p in fresh.parameters()]
+    with pytest.raises(CheckpointError, match="corrupted"):
+        load_checkpoint(path, fresh, make_optimizer(fresh, cfg), cfg)
+    assert all(torch.equal(a, b) for a, b in zip(fresh.parameters(), before))
+
+
+def test_truncated_state_file_raises(tmp_path):
+    cfg = TrainConfig(steps=2, warmup_steps=1)
+    path = _one_checkpoint(tmp_path, cfg)
+    state = os.path.join(path, "trainer_state.pt")
+    open(state, "wb").write(open(state, "rb").read()[:100])
+    with pytest.raises(CheckpointError, match="cannot read"):
+        load_checkpoint(path, model(), None, cfg)
+
+
+def test_checkpoint_of_another_config_or_model_raises(tmp_path):
+    cfg = TrainConfig(steps=2, warmup_steps=1)
+    path = _one_checkpoint(tmp_path, cfg)
+    with pytest.raises(CheckpointError, match="another TrainConfig.*lr"):
+        load_checkpoint(path, model(), None, dataclasses.replace(cfg, lr=5e-4))
+    with pytest.raises(CheckpointError, match="different model"):
+        load_checkpoint(path, TinyLM(TinyConfig(dim=6)), None, cfg)
+
+
+def test_non_finite_loss_raises():
+    m = model()
+    with torch.no_grad():
+        m.head.bias.fill_(float("nan"))
+    with pytest.raises(FloatingPointError, match="step 1"):
+        train(m, batches(rows(8), 8, seed=0), TrainConfig(steps=2, warmup_steps=1, log_every=1))
+
+
+@pytest.mark.parametrize("kwargs, match", [({"steps": 0}, "steps"), ({"warmup_steps": 1000}, "warmup_steps"),
+                                           ({"lr": -1.0}, "lr"), ({"accum_steps": 0}, "accum_steps"),
+                                           ({"grad_clip": 0.0}, "grad_clip"), ({"betas": (0.9, 1.0)}, "betas"),
+                                           ({"label_smoothing": 1.0}, "label_smoothing")])
+def test_bad_config_values_raise(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        TrainConfig(**kwargs)
+
+
+def test_bad_step_and_accumulation_raise():
+    with pytest.raises(ValueError, match="step must be"):
+        lr_at(11, TrainConfig(steps=10, warmup_steps=1))
+    with pytest.raises(ValueError, match="accum_steps"):
+        accumulate_gradients(model(), rows(4), 5)
