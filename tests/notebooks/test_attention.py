@@ -1,0 +1,38 @@
+"""Chapter 4 (attention): what the smoke run of notebooks/04_attention.ipynb must show."""
+
+import pytest
+
+NOTEBOOK = "04_attention"
+pytestmark = pytest.mark.notebook
+
+
+def test_worked_examples_disagree_only_where_the_errata_say(glue):
+    assert glue["attention_worked_disagreements"] == 3  # 004 §5.1: α_t1, α_t3, c_t[2]
+    assert glue["attention_toy_disagreements"] == 1  # 001 App. A: the example omits eq. (14)'s 1/√d_h
+    assert glue["attention_listing_disagreements"] == 0
+    assert glue["attention_multihead_disagreements"] == 0
+    assert glue["attention_scale_disagreements"] == 2  # "head size" for √(head size); "bigger τ: sharper"
+    assert glue["attention_equivariance_disagreements"] == 1  # "invariant" for equivariant
+    assert glue["attention_kv_disagreements"] == 0
+    assert glue["attention_disagreements"] == 7
+
+
+def test_causal_mask_stops_later_tokens_changing_earlier_outputs(glue):
+    assert glue["attention_causal_leak"] == 0.0
+    assert glue["attention_bidirectional_leak"] > 1e-3
+
+
+def test_scaling_keeps_score_variance_near_one_and_softmax_gradients_alive(glue):
+    assert 0.8 < glue["attention_score_var_scaled_1024"] < 1.25
+    assert 800 < glue["attention_score_var_unscaled_1024"] < 1300
+    assert glue["attention_jacobian_ratio_1024"] > 3
+
+
+def test_identical_tokens_are_told_apart_only_with_positions(glue):
+    assert glue["attention_dogs_identical_without_positions"] is True
+    assert glue["attention_dogs_identical_with_rope"] is False
+
+
+def test_kv_memory_and_explorer(glue):
+    assert glue["attention_kv_mha_over_mqa"] == 32.0
+    assert glue["attention_heatmap_frames"] == 8
