@@ -1,0 +1,429 @@
+"""The generation engine: batched prefill and decode over a preallocated KV cache.
+
+Chapter 6 of the book; chapters 8–10 generate through it. Documents: 000 §6.1 (the generation
+loop) and §6.2 (the KV cache), 001 Part 3 eq. (10) and §1 (the cache as the state of a
+recursion), 004 §6.2 steps 1–6, 002 "Cached Generation".
+
+One call does it all::
+
+    result = generate(model, [[5, 6, 7], [8]], max_new_tokens=20, top_p=0.9, stop_tokens=(2,),
+                      generator=torch.Generator().manual_seed(0))
+    result.token_lists()      # generated tokens of each row
+    result.logprobs           # (N, M) log π(token | context) of each generated token
+
+and the :class:`Engine` underneath is there for step-by-step use (force a token, take tokens
+back with :meth:`Engine.rollback`, look at :attr:`Engine.last_tokens`)::
+
+    eng = Engine(model, batch_size=2, max_positions=64)
+    eng.start([[5, 6, 7], [8]], max_new_tokens=20, params=SamplingParams(greedy=True))
+    eng.step(); eng.step(force={1: 42}); eng.rollback([0], 1); eng.run()
+    result = eng.result()
+
+How a step works. Row b holds its prompt and the tokens generated so far; the cache holds keys
+and values of all of them but the last (the "pending" token). A step feeds the pending token of
+every row, writes its key/value at the row's own slot, reads the next-token logits, chooses a
+token (:mod:`halluc_lab.sampling`: greedy, or temperature/top-k/top-p sampling with the engine's
+generator), or takes the caller's forced token instead, and records token, log-prob and a
+sampled/forced flag. Rows stop at a stop token or after ``max_new_tokens``; finished rows keep
+their cache and outputs and are carried along unchanged.
+
+On CUDA the step is captured once as a CUDA graph per sampling setting and replayed: all its
+bookkeeping stays on the device, so a decode step is one ``replay()`` from Python. An engine has
+a fixed batch size; :func:`generate` keeps engines for batch sizes rounded up to a power of two
+(the graph buckets) and fills unused rows with finished dummies.
+
+Where the code departs from the documents:
+
+- 000 §6.1's loop appends and re-runs the model on the whole sequence; here each step runs the
+  model on one token per row and reads the rest from the cache (the point of chapter 6).
+- Log-probs are those of the model at temperature 1 with no top-k/top-p filter, ``log π_θ(y_t | ·)``,
+  whatever the sampling setting: the quantity the training losses of chapters 8–10 use.
+- A prompt is prefilled except its last token, which the first step feeds; so every generated
+  token, the first included, comes out of the same step code.
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from collections.abc import Mapping, Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from halluc_lab import sampling
+from halluc_lab.kv_cache import KVCache, rollback_request
+
+Tensor = torch.Tensor
+MAX_STOP_TOKENS = 16  # stop tokens live in a fixed-size device buffer, so graphs need not change with them
+MAX_ENGINES_PER_MODEL = 4  # generate() keeps this many engines (batch buckets × lengths) per model
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How the next token is chosen (000 §4, 001 eq. 10)."""
+
+    greedy: bool = False  # argmax of the logits; temperature, top_k and top_p are then ignored
+    temperature: float = 1.0  # τ > 0: logits are divided by it before sampling
+    top_k: int | None = None  # keep the k most likely tokens (000 Def. 6); None = all
+    top_p: float | None = None  # keep the smallest set with mass ≥ p (000 Def. 7); None = all
+
+    def check(self, vocab_size: int) -> None:
+        """Raise ValueError/TypeError for a bad setting (sampling's own checks, on a dummy row)."""
+        if not isinstance(self.greedy, bool):
+            raise TypeError(f"greedy must be a bool, got {self.greedy!r}")
+        if not self.greedy:
+            sampling.filter_logits(torch.zeros(1, vocab_size), self.temperature, self.top_k, self.top_p)
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    """What a batch generation produced; row b's tokens are ``tokens[b, :lengths[b]]``."""
+
+    tokens: Tensor  # (N, M) generated token ids (after rollbacks); 0 past a row's length
+    logprobs: Tensor  # (N, M) float32 log π(token | context) at temperature 1; 0 past a row's length
+    sampled_mask: Tensor  # (N, M) bool: True = sampled by the engine, False = forced by the caller (or past the end)
+    lengths: Tensor  # (N,) number of generated tokens per row
+    stopped: Tensor  # (N,) bool: the row ended with a stop token (False: it used up max_new_tokens)
+
+    def token_lists(self) -> list[list[int]]:
+        """The generated tokens of each row as Python lists."""
+        return [row[:n] for row, n in zip(self.tokens.tolist(), self.lengths.tolist())]
+
+
+class Engine:
+    """Batched generation with a KV cache, per-row lengths, forcing and rollback.
+
+    ``batch_size`` rows of at most ``max_positions`` tokens each (prompt + generated). ``dtype``:
+    the cache's dtype and compute dtype (default: the weights'; a different one runs the model under
+    autocast). ``cuda_graph``: capture the decode step (default: on CUDA devices).
+    """
+
+    def __init__(self, model: nn.Module, batch_size: int, max_positions: int, *,
+                 dtype: torch.dtype | None = None, cuda_graph: bool | None = None) -> None:
+        weight = model.embed_tokens.weight
+        self._model, self.device = weakref.ref(model), weight.device
+        self._keep = model  # a strong reference, dropped by engine_for (see there)
+        self.vocab_size = model.config.vocab_size
+        self.dtype = weight.dtype if dtype is None else dtype
+        self.use_graph = (self.device.type == "cuda") if cuda_graph is None else bool(cuda_graph)
+        if self.use_graph and self.device.type != "cuda":
+            raise ValueError(f"cuda_graph=True needs a model on a CUDA device, the model is on {self.device}")
+        self.cache = KVCache.for_model(model.config, batch_size, max_positions, dtype=self.dtype, device=self.device)
+        self.cache.static = self.use_graph  # graphs need the same shapes at every step
+        B, T, dev = batch_size, max_positions, self.device
+        z = lambda *shape, dtype=torch.long: torch.zeros(shape, dtype=dtype, device=dev)  # noqa: E731
+        # Device state. Buffers are only ever written in place: a captured graph holds their addresses.
+        self.tok = z(B)  # (B,) each row's pending token: the last one emitted, not yet in the cache
+        self.last_prompt = z(B)  # (B,) each row's last prompt token (pending again if every output is rolled back)
+        self.n_out = z(B)  # (B,) tokens generated so far per row
+        self.budget = z(B)  # (B,) max_new_tokens per row (0 for unused rows)
+        self.finished = z(B, dtype=torch.bool)  # (B,) row has stopped
+        self.stopped = z(B, dtype=torch.bool)  # (B,) row stopped on a stop token
+        self.force_tok = z(B)  # (B,) the caller's tokens for the next step
+        self.force_mask = z(B, dtype=torch.bool)  # (B,) which rows take force_tok next step
+        self.stop_buf = torch.full((MAX_STOP_TOKENS,), -1, dtype=torch.long, device=dev)  # -1 matches nothing
+        self.out_tokens = z(B, T)  # (B, T) generated tokens at columns 0 … n_out-1
+        self.out_logprobs = z(B, T, dtype=torch.float32)  # (B, T)
+        self.out_sampled = z(B, T, dtype=torch.bool)  # (B, T)
+        self.generator = torch.Generator(device=dev)  # a graph is bound to this one; callers' states are copied in
+        self.params: SamplingParams | None = None
+        self.n_rows = 0  # rows in use (the rest are finished dummies)
+        self.max_new_tokens = 0
+        self._user_generator: torch.Generator | None = None
+        self._graphs: dict[SamplingParams, torch.cuda.CUDAGraph] = {}
+
+    @property
+    def model(self) -> nn.Module:
+        model = self._model()
+        if model is None:
+            raise RuntimeError("the engine's model no longer exists")
+        return model
+
+    @property
+    def batch_size(self) -> int:
+        return self.cache.batch_size
+
+    @property
+    def max_positions(self) -> int:
+        return self.cache.capacity
+
+    # -- starting a batch ---------------------------------------------------------------------
+
+    def start(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, params: SamplingParams = SamplingParams(),
+              *, stop_tokens: Sequence[int] = (), generator: torch.Generator | None = None) -> None:
+        """Reset, prefill ``prompts`` (lists of token ids) and get ready to generate.
+
+        Raises ValueError (changing nothing) for an empty prompt, a token outside the vocabulary, more
+        prompts than rows, a prompt plus ``max_new_tokens`` longer than ``max_positions``, an unknown
+        stop token or a bad sampling setting. ``generator``'s state is copied in, and the state after
+        the run is copied back by :meth:`result`; None draws a seed from torch's global generator.
+        """
+        prompts = self._check_start(prompts, max_new_tokens, params, stop_tokens, generator)
+        N, B, V = len(prompts), self.batch_size, self.vocab_size
+        lengths = [len(p) for p in prompts] + [1] * (B - N)  # unused rows: a one-token dummy prompt
+        self.params, self.n_rows, self.max_new_tokens = params, N, max_new_tokens
+        self._user_generator = generator
+        if generator is not None:
+            self.generator.set_state(generator.get_state())
+        else:
+            self.generator.manual_seed(int(torch.randint(2**62, (1,))))  # from the global seed (hl.setup)
+        last = torch.tensor([p[-1] for p in prompts] + [0] * (B - N))
+        self.tok.copy_(last)
+        self.last_prompt.copy_(last)
+        self.n_out.zero_()
+        self.budget.copy_(torch.tensor([max_new_tokens] * N + [0] * (B - N)))
+        self.finished.copy_(torch.arange(B) >= N)
+        self.stopped.zero_()
+        self.force_mask.zero_()
+        self.stop_buf.copy_(torch.tensor(list(stop_tokens) + [-1] * (MAX_STOP_TOKENS - len(stop_tokens))))
+        self.cache.reset()
+        T = max(lengths) - 1  # the prefill: every prompt token but the last (fed by the first step)
+        if T > 0:
+            ids = torch.zeros(B, T, dtype=torch.long)
+            for b, p in enumerate(prompts):
+                ids[b, : len(p) - 1] = torch.tensor(p[:-1])
+            with torch.no_grad(), self._autocast():
+                self.model(ids.to(self.device), cache=self.cache)  # (B, T, V), right-padded
+            self.cache.rollback(None, [T - (n - 1) for n in lengths])  # forget the pads (they stay masked)
+
+    def _check_start(self, prompts, max_new_tokens, params, stop_tokens, generator) -> list[list[int]]:
+        B, T, V = self.batch_size, self.max_positions, self.vocab_size
+        if isinstance(prompts, Tensor):
+            prompts = prompts.tolist()
+        prompts = [list(p) for p in prompts]
+        if not 1 <= len(prompts) <= B:
+            raise ValueError(f"the engine has {B} rows; got {len(prompts)} prompts (allowed 1 to {B})")
+        if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
+        for b, p in enumerate(prompts):
+            if not p:
+                raise ValueError(f"prompt {b} is empty; every prompt needs at least one token")
+            if any(not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < V for t in p):
+                raise ValueError(f"prompt {b} holds a token outside [0, {V - 1}]")
+            if len(p) + max_new_tokens > T:
+                raise ValueError(f"prompt {b} ({len(p)} tokens) + max_new_tokens ({max_new_tokens}) is longer than "
+                                 f"the cache ({T} positions)")
+        stop_tokens = list(stop_tokens)
+        if len(stop_tokens) > MAX_STOP_TOKENS:
+            raise ValueError(f"at most {MAX_STOP_TOKENS} stop tokens, got {len(stop_tokens)}")
+        for t in stop_tokens:
+            if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < V:
+                raise ValueError(f"unknown stop token {t!r}: stop tokens must be ids in [0, {V - 1}]")
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
+        params.check(V)
+        if generator is not None and (not isinstance(generator, torch.Generator)
+                                      or generator.device.type != self.device.type):
+            raise ValueError(f"generator must be a torch.Generator on {self.device.type} (the model's device)")
+        return prompts
+
+    def _autocast(self):
+        if self.dtype == self.model.embed_tokens.weight.dtype:
+            return nullcontext()
+        # No weight-cast cache: a captured graph must not read casts that the context frees on exit.
+        return torch.autocast(self.device.type, dtype=self.dtype, cache_enabled=False)
+
+    # -- decoding -----------------------------------------------------------------------------
+
+    def _step_body(self) -> None:
+        """One decode step for every row, on the device only (no host sync): what the graph captures."""
+        p = self.params
+        logits = self.model(self.tok[:, None], cache=self.cache)[:, -1]  # (B, V) next-token logits
+        self.cache.lengths -= self.finished.long()  # finished rows keep their length (their write is masked)
+        logp = sampling.log_softmax(logits, validate=False)  # (B, V) float32, temperature 1
+        if p.greedy:
+            choice = sampling.greedy(logits, validate=False)  # (B,)
+        else:
+            choice = sampling.sample(logits, p.temperature, p.top_k, p.top_p, self.generator, validate=False)
+        token = torch.where(self.force_mask, self.force_tok, choice)  # (B,) the caller's token wins
+        active = ~self.finished  # (B,)
+        col = self.n_out[:, None]  # (B, 1) next output column of each row
+        self.out_tokens.scatter_(1, col, token[:, None])
+        self.out_logprobs.scatter_(1, col, logp.gather(1, token[:, None]))
+        self.out_sampled.scatter_(1, col, ~self.force_mask[:, None])
+        self.n_out += active.long()
+        self.tok.copy_(torch.where(active, token, self.tok))
+        hit_stop = (token[:, None] == self.stop_buf[None, :]).any(dim=1)  # (B,)
+        self.stopped |= active & hit_stop
+        self.finished |= active & (hit_stop | (self.n_out >= self.budget))
+        self.force_mask.zero_()  # a forced token applies to one step
+
+    def step(self, force: Mapping[int, int] | None = None) -> None:
+        """Generate one token in every unfinished row; ``force`` maps rows to tokens they must take instead.
+
+        Forced tokens are recorded with their log-prob and ``sampled_mask`` False (teacher forcing, an
+        injected error). Forcing a finished row does nothing.
+        """
+        if self.params is None:
+            raise RuntimeError("call start() before step()")
+        if force:
+            rows, toks = zip(*force.items())
+            for r, t in force.items():
+                if not isinstance(r, int) or not 0 <= r < self.n_rows:
+                    raise ValueError(f"forced row must be an int in [0, {self.n_rows - 1}], got {r!r}")
+                if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < self.vocab_size:
+                    raise ValueError(f"forced token must be an id in [0, {self.vocab_size - 1}], got {t!r}")
+            index = torch.tensor(rows, device=self.device)
+            self.force_tok.index_copy_(0, index, torch.tensor(toks, device=self.device))
+            self.force_mask.index_fill_(0, index, True)
+        if self.use_graph:
+            if self.params not in self._graphs:
+                self._graphs[self.params] = self._capture()
+            self._graphs[self.params].replay()
+            self.cache.bound += 1  # what the captured forward's Python would have done
+        else:
+            with torch.no_grad(), self._autocast():
+                self._step_body()
+
+    def _capture(self) -> torch.cuda.CUDAGraph:
+        """Warm up on a side stream, capture one step, then put every buffer and the generator back."""
+        saved = {name: getattr(self, name).clone() for name in
+                 ("tok", "n_out", "finished", "stopped", "force_tok", "force_mask")}
+        saved_lengths, saved_bound = self.cache.lengths.clone(), self.cache.bound
+        saved_rng = self.generator.get_state()
+        self.cache.bound = 0  # the room check must not sync inside the capture; budgets guarantee room
+        graph = torch.cuda.CUDAGraph()
+        if not self.params.greedy:
+            graph.register_generator_state(self.generator)  # replays draw fresh numbers from it
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.no_grad(), self._autocast():
+            with torch.cuda.stream(stream):
+                for _ in range(2):
+                    self._step_body()
+            torch.cuda.current_stream(self.device).wait_stream(stream)
+            pool = next(iter(self._graphs.values())).pool() if self._graphs else None
+            with torch.cuda.graph(graph, pool=pool):
+                self._step_body()
+        torch.cuda.synchronize(self.device)
+        for name, value in saved.items():
+            getattr(self, name).copy_(value)
+        self.cache.lengths.copy_(saved_lengths)
+        self.cache.bound = saved_bound
+        self.generator.set_state(saved_rng)
+        return graph
+
+    @property
+    def done(self) -> bool:
+        """True when every row has finished (asks the device)."""
+        return bool(self.finished.all())
+
+    @property
+    def last_tokens(self) -> Tensor:
+        """``(N,)`` the token each row emitted last (its last prompt token before the first step); on the device."""
+        return self.tok[: self.n_rows]
+
+    def run(self, check_every: int | None = None) -> None:
+        """Step until every row has finished (at most ``max_new_tokens`` steps).
+
+        ``check_every``: steps between asking the device whether all rows are done (default 1 eager,
+        8 with graphs, where a question costs a sync and a few wasted steps cost little).
+        """
+        check_every = check_every or (8 if self.use_graph else 1)
+        for i in range(1, self.max_new_tokens + 1):
+            self.step()
+            if i % check_every == 0 and self.done:
+                break
+
+    # -- taking tokens back -------------------------------------------------------------------
+
+    def rollback(self, rows: Sequence[int] | None, n: int | Sequence[int]) -> None:
+        """Take back the last ``n`` generated tokens of each row in ``rows`` (None = every row in use).
+
+        What a backspace token does when it physically erases (DESIGN §4): the row's cache and outputs
+        shrink, its pending token becomes the one now last, and a finished row is reopened. Raises
+        ValueError, changing nothing, for a bad row or an ``n`` larger than the tokens the row generated
+        (a rollback never reaches into the prompt).
+        """
+        if self.params is None:
+            raise RuntimeError("call start() before rollback()")
+        generated = self.n_out[: self.n_rows].tolist()  # one sync: the check needs the device's counts
+        rows, counts = rollback_request(rows, n, generated, "tokens it generated; a rollback cannot reach into the prompt")
+        rows, counts = zip(*[(r, c) for r, c in zip(rows, counts) if c > 0]) if any(counts) else ((), ())
+        if not rows:
+            return
+        index = torch.tensor(rows, device=self.device)  # (R,)
+        n = torch.tensor(counts, device=self.device)  # (R,)
+        self.cache.shrink(index, n)  # checked above: n ≤ generated < what the row's cache holds + 1
+        left = self.n_out[index] - n  # (R,) tokens kept
+        self.n_out.index_copy_(0, index, left)
+        prev = self.out_tokens[index, (left - 1).clamp_min(0)]  # (R,) the token now last, if any
+        self.tok.index_copy_(0, index, torch.where(left > 0, prev, self.last_prompt[index]))
+        self.finished.index_fill_(0, index, False)
+        self.stopped.index_fill_(0, index, False)
+
+    # -- results ------------------------------------------------------------------------------
+
+    def result(self) -> GenerationResult:
+        """The rows in use, trimmed to the longest; copies the generator's state back to the caller's."""
+        if self.params is None:
+            raise RuntimeError("call start() before result()")
+        N = self.n_rows
+        lengths = self.n_out[:N].clone()  # (N,)
+        M = max(1, int(lengths.max()))
+        inside = torch.arange(M, device=self.device)[None, :] < lengths[:, None]  # (N, M)
+        if self._user_generator is not None:
+            self._user_generator.set_state(self.generator.get_state())
+        return GenerationResult(
+            tokens=torch.where(inside, self.out_tokens[:N, :M], 0),
+            logprobs=torch.where(inside, self.out_logprobs[:N, :M], 0.0),
+            sampled_mask=inside & self.out_sampled[:N, :M],
+            lengths=lengths, stopped=self.stopped[:N].clone())
+
+
+# ----------------------------------------------------------------------------- the one-call API
+
+_ENGINES: "weakref.WeakKeyDictionary[nn.Module, dict]" = weakref.WeakKeyDictionary()
+
+
+def engine_for(model: nn.Module, batch_size: int, max_positions: int, *, dtype: torch.dtype | None = None,
+               cuda_graph: bool | None = None) -> Engine:
+    """A cached :class:`Engine` for at least this batch and length: batch rounded up to a power of two,
+    positions to a multiple of 64, so repeated calls reuse the cache and the captured graphs."""
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+    bucket = 1 << (batch_size - 1).bit_length()  # 1, 2, 4, 8, ...
+    positions = 64 * math.ceil(max_positions / 64)
+    dtype = dtype or model.embed_tokens.weight.dtype
+    key = (bucket, positions, dtype, cuda_graph, model.embed_tokens.weight.device)
+    engines = _ENGINES.setdefault(model, {})
+    if key not in engines:
+        if len(engines) >= MAX_ENGINES_PER_MODEL:  # caches and graphs hold device memory: drop the oldest
+            engines.pop(next(iter(engines)))
+        engines[key] = Engine(model, bucket, positions, dtype=dtype, cuda_graph=cuda_graph)
+        # The dictionary is weak in its keys; an engine holding its model strongly would keep the
+        # model (and the engine's device memory) alive forever, so cached engines hold it weakly.
+        engines[key]._keep = None
+    engines[key] = engines.pop(key)  # most recently used last
+    return engines[key]
+
+
+def generate(model: nn.Module, prompts: Sequence[Sequence[int]], max_new_tokens: int, *,
+             temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
+             greedy: bool = False, stop_tokens: Sequence[int] = (), generator: torch.Generator | None = None,
+             dtype: torch.dtype | None = None) -> GenerationResult:
+    """Continue each prompt by up to ``max_new_tokens`` tokens (000 §6.1 with a KV cache).
+
+    ``prompts``: lists of token ids, any lengths. Sampling: ``greedy``, or temperature with optional
+    top-k/top-p (:mod:`halluc_lab.sampling`), drawn from ``generator`` (on the model's device). A row
+    stops after a token in ``stop_tokens`` (which is kept). Same generator state, same tokens.
+
+    Example::
+
+        out = generate(model, [[1, 2, 3]], 10, greedy=True)
+        out.token_lists()     # [[...10 ids...]]
+    """
+    params = SamplingParams(greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p)
+    prompts = prompts.tolist() if isinstance(prompts, Tensor) else [list(p) for p in prompts]
+    longest = max((len(p) for p in prompts), default=0)
+    if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
+    if not prompts:
+        raise ValueError("prompts must hold at least one prompt")
+    eng = engine_for(model, len(prompts), longest + max_new_tokens, dtype=dtype)
+    eng.start(prompts, max_new_tokens, params, stop_tokens=stop_tokens, generator=generator)
+    eng.run()
+    return eng.result()

@@ -1,0 +1,268 @@
+"""The generation engine against an uncached reference loop, Hugging Face generate, and bad input."""
+
+import functools
+
+import pytest
+import torch
+
+from halluc_lab import sampling
+from halluc_lab.engine import Engine, SamplingParams, engine_for, generate
+from halluc_lab.model import ModelConfig, Transformer, to_hf
+from halluc_lab.positional import RopeScaling
+
+V = 61
+GREEDY = SamplingParams(greedy=True)
+TOP_P = SamplingParams(temperature=0.8, top_p=0.9)
+
+
+def tiny(n_kv_heads=2, rope_scaling=None, seed=0) -> Transformer:
+    config = ModelConfig(vocab_size=V, hidden_size=32, n_layers=2, n_heads=4, n_kv_heads=n_kv_heads,
+                         max_positions=128, tie_embeddings=False, init_std=0.15, rope_scaling=rope_scaling)
+    return Transformer(config, seed=seed).eval()
+
+
+def prompts(n=4, seed=0, lengths=(5, 2, 7, 1)):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, V, (lengths[i % len(lengths)],), generator=g).tolist() for i in range(n)]
+
+
+@torch.no_grad()
+def reference(model, prompts, actions, params, generator=None, stop_tokens=(), max_new=100):
+    """The uncached loop (000 §6.1): re-run the model on every whole sequence at every step.
+
+    ``actions``: ("step", {row: forced token}) or ("rollback", rows, n). Returns tokens, log-probs and
+    sampled flags per row, drawing from ``generator`` exactly as the engine does (one (B, V) draw a step).
+    """
+    seqs, out = [list(p) for p in prompts], [[] for _ in prompts]
+    done = [False] * len(prompts)
+    for action in actions:
+        if action[0] == "rollback":
+            _, rows, n = action
+            for r in rows:
+                del seqs[r][len(seqs[r]) - n:]
+                del out[r][len(out[r]) - n:]
+                done[r] = False
+            continue
+        force = action[1]
+        logits = torch.stack([model(torch.tensor(s)[None])[0, -1] for s in seqs])  # (B, V)
+        logp = sampling.log_softmax(logits)
+        if params.greedy:
+            choice = sampling.greedy(logits)
+        else:
+            choice = sampling.sample(logits, params.temperature, params.top_k, params.top_p, generator)
+        for b in range(len(seqs)):
+            if done[b]:
+                continue
+            tok = force.get(b, int(choice[b]))
+            seqs[b].append(tok)
+            out[b].append((tok, float(logp[b, tok]), b not in force))
+            done[b] = tok in stop_tokens or len(out[b]) >= max_new
+    return out
+
+
+def run_engine(model, prompts, actions, params, generator=None, stop_tokens=(), max_new=100, batch=None):
+    eng = Engine(model, batch or len(prompts), 128)
+    eng.start(prompts, max_new, params, stop_tokens=stop_tokens, generator=generator)
+    for action in actions:
+        if action[0] == "rollback":
+            eng.rollback(action[1], action[2])
+        else:
+            eng.step(force=action[1])
+    res = eng.result()
+    return [list(zip(t, lp, s))[:n] for t, lp, s, n in zip(res.tokens.tolist(), res.logprobs.tolist(),
+                                                           res.sampled_mask.tolist(), res.lengths.tolist())], eng
+
+
+def assert_same(got, want):
+    assert [[t for t, _, _ in row] for row in got] == [[t for t, _, _ in row] for row in want]
+    assert [[s for _, _, s in row] for row in got] == [[s for _, _, s in row] for row in want]
+    for g_row, w_row in zip(got, want):
+        for (_, a, _), (_, b, _) in zip(g_row, w_row):
+            assert abs(a - b) < 1e-4
+
+
+STEPS = [("step", {})] * 6
+WITH_ROLLBACKS = STEPS + [("rollback", [0, 2], 2)] + STEPS[:3] + [("rollback", [1], 5)] + STEPS
+
+
+@pytest.mark.parametrize("n_kv_heads", [4, 2, 1], ids=["MHA", "GQA", "MQA"])
+@pytest.mark.parametrize("scaling", [None, RopeScaling("yarn", 4.0, original_max_positions=16)],
+                         ids=["plain", "yarn"])
+@pytest.mark.parametrize("params", [GREEDY, TOP_P], ids=["greedy", "top_p"])
+@pytest.mark.parametrize("actions", [STEPS, WITH_ROLLBACKS], ids=["steps", "rollbacks"])
+def test_cached_and_uncached_generation_give_identical_tokens(n_kv_heads, scaling, params, actions):
+    model, ps = tiny(n_kv_heads, scaling), prompts()
+    got, _ = run_engine(model, ps, actions, params, torch.Generator().manual_seed(7))
+    want = reference(model, ps, actions, params, torch.Generator().manual_seed(7))
+    assert_same(got, want)
+
+
+def test_forced_tokens_are_taken_marked_and_scored():
+    model, ps = tiny(), prompts()
+    actions = STEPS[:2] + [("step", {0: 5, 3: 9})] + STEPS[:2] + [("step", {1: 0})]
+    got, _ = run_engine(model, ps, actions, TOP_P, torch.Generator().manual_seed(1))
+    want = reference(model, ps, actions, TOP_P, torch.Generator().manual_seed(1))
+    assert_same(got, want)
+    assert got[0][2][0] == 5 and got[0][2][2] is False and got[3][2][0] == 9
+
+
+def test_stop_tokens_end_a_row_and_are_kept():
+    model, ps = tiny(), prompts()
+    free = reference(model, ps, STEPS * 2, GREEDY)
+    stop = free[0][3][0]  # a token row 0 emits at its fourth step
+    got, eng = run_engine(model, ps, STEPS * 2, GREEDY, stop_tokens=(stop,))
+    want = reference(model, ps, STEPS * 2, GREEDY, stop_tokens=(stop,))
+    assert_same(got, want)
+    assert got[0][-1][0] == stop and len(got[0]) <= 4
+    res = eng.result()
+    assert res.stopped.tolist() == [row[-1][0] == stop for row in got]
+
+
+def test_rows_stop_after_max_new_tokens_and_run_finishes_them():
+    model = tiny()
+    eng = Engine(model, 4, 64)
+    eng.start(prompts(), 9, GREEDY)
+    eng.run()
+    assert eng.done and eng.result().lengths.tolist() == [9, 9, 9, 9]
+    assert eng.result().token_lists() == [[t for t, _, _ in row] for row in reference(model, prompts(), STEPS * 2, GREEDY, max_new=9)]
+
+
+def test_rollback_of_everything_generated_returns_to_the_prompt():
+    model, ps = tiny(), prompts()
+    actions = STEPS[:4] + [("rollback", [0, 1, 2, 3], 4)] + STEPS[:3]
+    got, eng = run_engine(model, ps, actions, GREEDY)
+    assert_same(got, reference(model, ps, STEPS[:3], GREEDY))
+    assert eng.cache.lengths.tolist() == [len(p) + 3 - 1 for p in ps]
+
+
+def test_engine_greedy_tokens_equal_hugging_face_generate():
+    model = tiny(rope_scaling=RopeScaling("linear", 2.0))
+    hf = to_hf(model)
+    x = torch.randint(0, V, (4, 9), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        want = hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=20, min_new_tokens=20,
+                           do_sample=False, pad_token_id=0)[:, 9:]
+    assert generate(model, x.tolist(), 20, greedy=True).token_lists() == want.tolist()
+
+
+def test_generate_with_ragged_prompts_matches_each_row_alone():
+    model, ps = tiny(), prompts(3)
+    res = generate(model, ps, 8, greedy=True)
+    for p, row in zip(ps, res.token_lists()):
+        alone = sampling.decode(lambda t: model(t)[:, -1], torch.tensor(p), 8)
+        assert row == alone[len(p):].tolist()
+
+
+def test_same_generator_state_same_tokens_and_the_generator_advances():
+    model, ps = tiny(), prompts()
+    g = torch.Generator().manual_seed(11)
+    first = generate(model, ps, 12, top_k=10, generator=g).token_lists()
+    second = generate(model, ps, 12, top_k=10, generator=g).token_lists()
+    again = generate(model, ps, 12, top_k=10, generator=torch.Generator().manual_seed(11)).token_lists()
+    assert first == again and first != second
+
+
+def test_generate_reuses_one_engine_per_bucket():
+    model = tiny()
+    generate(model, prompts(3), 4, greedy=True)
+    eng = engine_for(model, 3, 11)
+    assert eng.batch_size == 4 and eng.max_positions == 64
+    assert engine_for(model, 4, 40) is eng
+
+
+def test_logprobs_are_the_models_at_temperature_one():
+    model, ps = tiny(), prompts(2)
+    res = generate(model, ps, 5, temperature=0.3, generator=torch.Generator().manual_seed(0))
+    for p, toks, lps in zip(ps, res.token_lists(), res.logprobs.tolist()):
+        seq = torch.tensor(p + toks)[None]
+        with torch.no_grad():
+            logp = torch.log_softmax(model(seq)[0, len(p) - 1:-1], dim=-1)  # (5, V)
+        torch.testing.assert_close(torch.tensor(lps), logp[torch.arange(5), torch.tensor(toks)], atol=1e-4, rtol=0)
+
+
+def snapshot(eng):
+    return [t.clone() for t in (eng.cache.lengths, eng.cache.k, eng.cache.v, eng.n_out, eng.tok, eng.finished)]
+
+
+def unchanged(eng, before):
+    return all(torch.equal(a, b) for a, b in zip(snapshot(eng), before))
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda e: e.start([[1] * 60], 10, GREEDY), "longer than the cache"),
+    (lambda e: e.start([[1]] * 5, 3, GREEDY), "rows"),
+    (lambda e: e.start([[1, 2]], 3, GREEDY, stop_tokens=(V,)), "unknown stop token"),
+    (lambda e: e.start([[1, V]], 3, GREEDY), "outside"),
+    (lambda e: e.start([[]], 3, GREEDY), "empty"),
+    (lambda e: e.start([[1]], 3, SamplingParams(top_p=1.5)), "p must be"),
+    (lambda e: e.start([[1]], 3, SamplingParams(temperature=0.0)), "temperature"),
+    (lambda e: e.rollback([0], 3), "cannot reach into the prompt"),
+    (lambda e: e.rollback([4], 1), "rows"),
+    (lambda e: e.step(force={0: V}), "forced token"),
+])
+def test_bad_input_raises_and_leaves_the_cache_as_it_was(call, match):
+    eng = Engine(tiny(), 4, 64)
+    eng.start(prompts(), 10, GREEDY)
+    eng.step(), eng.step()
+    before = snapshot(eng)
+    with pytest.raises((ValueError, TypeError), match=match):
+        call(eng)
+    assert unchanged(eng, before)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("params", [GREEDY, TOP_P], ids=["greedy", "top_p"])
+def test_cuda_graph_path_equals_eager_path(params):
+    model = tiny(n_kv_heads=1).cuda()
+    ps = prompts(6)
+    results = []
+    for graph in (False, True):
+        eng = Engine(model, 8, 64, cuda_graph=graph)
+        eng.start(ps, 20, params, generator=torch.Generator("cuda").manual_seed(5))
+        for _ in range(5):
+            eng.step()
+        eng.step(force={2: 3})
+        eng.rollback([0, 4], [2, 1])
+        eng.run()
+        results.append(eng.result())
+    eager, graphed = results
+    assert graphed.token_lists() == eager.token_lists()
+    torch.testing.assert_close(graphed.logprobs, eager.logprobs, atol=1e-4, rtol=0)
+    assert torch.equal(graphed.sampled_mask, eager.sampled_mask)
+
+
+@pytest.mark.gpu
+def test_cuda_graph_generation_equals_uncached_reference_and_hugging_face():
+    model = tiny().cuda()
+    x = torch.randint(0, V, (4, 9), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        want = to_hf(model).cuda().generate(x.cuda(), attention_mask=torch.ones_like(x).cuda(), max_new_tokens=20,
+                                            min_new_tokens=20, do_sample=False, pad_token_id=0)[:, 9:]
+    got = generate(model, x.tolist(), 20, greedy=True)
+    assert got.token_lists() == want.tolist()
+    ref = reference(model, x.tolist(), STEPS * 4, TOP_P, torch.Generator("cuda").manual_seed(2), max_new=20)
+    sampled = generate(model, x.tolist(), 20, temperature=0.8, top_p=0.9,
+                       generator=torch.Generator("cuda").manual_seed(2))
+    assert sampled.token_lists() == [[t for t, _, _ in row] for row in ref]
+
+
+@pytest.mark.gpu
+def test_bf16_engine_on_cuda_runs_and_mostly_agrees_with_fp32():
+    model = tiny().cuda()
+    ps = prompts(8)
+    fp32 = generate(model, ps, 16, greedy=True).token_lists()
+    bf16 = generate(model, ps, 16, greedy=True, dtype=torch.bfloat16).token_lists()
+    first = sum(a[0] == b[0] for a, b in zip(fp32, bf16))
+    assert first >= 6  # rounding may flip a near-tie, not most rows
+
+
+def test_generate_does_not_keep_the_model_alive():
+    import gc
+    import weakref
+
+    model = tiny()
+    generate(model, prompts(2), 3, greedy=True)
+    ref = weakref.ref(model)
+    del model
+    gc.collect()
+    assert ref() is None

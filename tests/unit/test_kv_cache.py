@@ -1,0 +1,113 @@
+"""The KV cache: its size, writes at per-row slots, rollback, and bad input."""
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from halluc_lab.kv_cache import KVCache
+
+
+def small_cache(**kw) -> KVCache:
+    args = dict(n_layers=2, batch_size=3, max_positions=8, n_kv_heads=2, head_dim=4)
+    args.update(kw)
+    return KVCache(**args)
+
+
+@settings(max_examples=25, deadline=None)
+@given(L=st.integers(1, 4), B=st.integers(1, 4), T=st.integers(1, 16), H=st.integers(1, 4),
+       D=st.integers(1, 8), dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float64]))
+def test_cache_bytes_are_2_L_B_T_Hkv_D_bytes(L, B, T, H, D, dtype):
+    cache = KVCache(L, B, T, H, D, dtype=dtype)
+    item = torch.tensor([], dtype=dtype).element_size()
+    assert cache.nbytes == 2 * L * B * T * H * D * item
+    assert cache.bytes_per_token == 2 * L * H * D * item
+    assert cache.k.shape == (L, B, T, H, D)
+
+
+def test_write_puts_each_row_at_its_own_length():
+    cache = small_cache()
+    cache.lengths.copy_(torch.tensor([0, 2, 5]))
+    cache.bound = 5
+    slots = cache.slots(2)
+    assert slots.tolist() == [[0, 1], [2, 3], [5, 6]]
+    k_new = torch.arange(3 * 2 * 2 * 4, dtype=torch.float32).view(3, 2, 2, 4)
+    cache.write(1, k_new, -k_new, slots)
+    for b, start in enumerate([0, 2, 5]):
+        assert torch.equal(cache.k[1, b, start:start + 2], k_new[b])
+        assert torch.equal(cache.v[1, b, start:start + 2], -k_new[b])
+    assert cache.k[0].abs().sum() == 0  # the other layer is untouched
+    cache.advance(2)
+    assert cache.lengths.tolist() == [2, 4, 7] and cache.bound == 7
+
+
+def test_read_returns_heads_first_views_of_the_first_slots():
+    cache = small_cache()
+    cache.k[0, :, :3] = torch.randn(3, 3, 2, 4)
+    k, v = cache.read(0, 3)
+    assert k.shape == (3, 2, 3, 4)  # (B, H_kv, n_keys, D)
+    assert torch.equal(k, cache.k[0, :, :3].transpose(1, 2))
+    assert k.data_ptr() == cache.k[0].data_ptr()  # a view, not a copy
+
+
+def test_window_reads_only_what_rows_may_hold_unless_static():
+    cache = small_cache()
+    cache.bound = 3
+    assert cache.window(2) == 5
+    cache.static = True
+    assert cache.window(2) == 8
+
+
+def test_rollback_lowers_chosen_rows_and_the_bound():
+    cache = small_cache()
+    cache.lengths.copy_(torch.tensor([4, 6, 5]))
+    cache.bound = 6
+    cache.rollback([1, 2], [3, 1])
+    assert cache.lengths.tolist() == [4, 3, 4] and cache.bound == 4
+    cache.rollback(None, 1)
+    assert cache.lengths.tolist() == [3, 2, 3]
+
+
+@pytest.mark.parametrize("rows, n, match", [
+    ([3], 1, "rows"), ([0, 0], 1, "repeat"), ([0], 5, r"\[0, 4\]"), ([0], -1, r"\[0, 4\]"),
+    ([0, 1], [1], "one int per row"), ([0], 1.5, "n"),
+])
+def test_bad_rollback_raises_and_leaves_the_cache_as_it_was(rows, n, match):
+    cache = small_cache()
+    cache.lengths.copy_(torch.tensor([4, 6, 5]))
+    cache.bound = 6
+    with pytest.raises((ValueError, TypeError), match=match):
+        cache.rollback(rows, n)
+    assert cache.lengths.tolist() == [4, 6, 5] and cache.bound == 6
+
+
+def test_a_full_row_refuses_more_tokens_and_changes_nothing():
+    cache = small_cache()
+    cache.lengths.copy_(torch.tensor([7, 2, 0]))
+    cache.bound = 7
+    assert cache.slots(1)[0].item() == 7
+    with pytest.raises(ValueError, match="do not fit"):
+        cache.slots(2)
+    assert cache.lengths.tolist() == [7, 2, 0]
+
+
+def test_a_stale_bound_is_refreshed_before_refusing():
+    cache = small_cache()
+    cache.lengths.copy_(torch.tensor([1, 2, 0]))
+    cache.bound = 8  # ran ahead (rows that stopped early)
+    assert cache.slots(3)[1].tolist() == [2, 3, 4]
+    assert cache.bound == 2
+
+
+@pytest.mark.parametrize("kw", [dict(n_layers=0), dict(batch_size=-1), dict(max_positions=2.0),
+                                dict(head_dim=True), dict(dtype=torch.long)])
+def test_bad_shapes_or_dtype_raise(kw):
+    with pytest.raises((ValueError, TypeError)):
+        small_cache(**kw)
+
+
+def test_shrink_lowers_lengths_on_the_device_without_checks():
+    cache = small_cache()
+    cache.lengths.copy_(torch.tensor([4, 6, 5]))
+    cache.shrink(torch.tensor([2, 0]), torch.tensor([3, 1]))
+    assert cache.lengths.tolist() == [3, 6, 2]

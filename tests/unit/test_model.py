@@ -1,0 +1,186 @@
+"""The lab's decoder: reference vs fast paths, Hugging Face parity, packing, padding, the cached forward."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from halluc_lab.model import (ModelConfig, RMSNorm, Transformer, config_from_hf, from_hf, rms_norm_reference,
+                              segment_positions, to_hf, to_hf_config)
+from halluc_lab.positional import RopeScaling
+
+V = 97
+SCALINGS = {"plain": None, "linear": RopeScaling("linear", 2.0),
+            "yarn": RopeScaling("yarn", 4.0, original_max_positions=32)}
+
+
+def tiny(n_kv_heads=2, **kw) -> ModelConfig:
+    args = dict(vocab_size=V, hidden_size=32, n_layers=2, n_heads=4, n_kv_heads=n_kv_heads, max_positions=64,
+                tie_embeddings=False, init_std=0.1)
+    args.update(kw)
+    return ModelConfig(**args)
+
+
+def ids(B=3, T=12, seed=0):
+    return torch.randint(0, V, (B, T), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("n_kv_heads", [4, 2, 1], ids=["MHA", "GQA", "MQA"])
+def test_fast_path_equals_reference_path(n_kv_heads):
+    config = tiny(n_kv_heads)
+    fast, ref = Transformer(config), Transformer(dataclasses.replace(config, fast=False))
+    x, seg = ids(), torch.tensor([[0] * 5 + [1] * 7] * 3)
+    with torch.no_grad():
+        torch.testing.assert_close(fast(x), ref(x), atol=1e-5, rtol=0)
+        torch.testing.assert_close(fast(x, segment_ids=seg), ref(x, segment_ids=seg), atol=1e-5, rtol=0)
+
+
+def test_fused_rms_norm_equals_the_formula():
+    x, w = torch.randn(4, 7, 16), torch.randn(16)
+    norm = RMSNorm(16, 1e-5)
+    norm.weight.data.copy_(w)
+    torch.testing.assert_close(norm(x), rms_norm_reference(x, w, 1e-5), atol=1e-6, rtol=1e-6)
+    expected = x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * w
+    torch.testing.assert_close(norm(x), expected, atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("scaling", SCALINGS, ids=list(SCALINGS))
+@pytest.mark.parametrize("n_kv_heads", [4, 2, 1], ids=["MHA", "GQA", "MQA"])
+@pytest.mark.parametrize("tie", [True, False], ids=["tied", "untied"])
+def test_logits_equal_hugging_face_llama(scaling, n_kv_heads, tie):
+    model = Transformer(tiny(n_kv_heads, rope_scaling=SCALINGS[scaling], tie_embeddings=tie), seed=1)
+    hf = to_hf(model)
+    x = ids(T=40)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), hf(input_ids=x).logits, atol=1e-5, rtol=0)
+        torch.testing.assert_close(from_hf(hf)(x), model(x), atol=0, rtol=0)
+    assert config_from_hf(hf.config) == model.config
+
+
+def test_save_pretrained_loads_with_auto_model_and_back(tmp_path):
+    from transformers import AutoModelForCausalLM, LlamaForCausalLM
+
+    model = Transformer(tiny(tie_embeddings=True, rope_scaling=SCALINGS["yarn"]), seed=2)
+    model.save_pretrained(tmp_path / "lab")
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path / "lab")
+    assert isinstance(hf, LlamaForCausalLM)
+    x = ids()
+    with torch.no_grad():
+        torch.testing.assert_close(hf(input_ids=x).logits, model(x), atol=1e-5, rtol=0)
+        hf.save_pretrained(tmp_path / "hf")
+        again = Transformer.from_pretrained(tmp_path / "hf")
+        torch.testing.assert_close(again(x), model(x), atol=0, rtol=0)
+
+
+def test_ntk_scaling_has_no_hugging_face_equivalent():
+    with pytest.raises(ValueError, match="ntk"):
+        to_hf_config(tiny(rope_scaling=RopeScaling("ntk", 2.0)))
+
+
+def test_unsupported_hugging_face_configs_raise():
+    cfg = to_hf_config(tiny()).to_dict()
+    for key, value in [("hidden_act", "gelu"), ("attention_bias", True),
+                       ("rope_parameters", {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4})]:
+        with pytest.raises(ValueError):
+            config_from_hf({**cfg, key: value})
+
+
+def test_segment_positions_restart_at_each_new_segment():
+    assert segment_positions(torch.tensor([[1, 1, 1, 2, 2, 0]])).tolist() == [[0, 1, 2, 0, 1, 0]]
+    assert segment_positions(torch.tensor([[3, 3], [4, 5]])).tolist() == [[0, 1], [0, 0]]
+
+
+@pytest.mark.parametrize("n_kv_heads", [4, 1], ids=["MHA", "MQA"])
+def test_packed_and_unpacked_logits_are_equal(n_kv_heads):
+    model = Transformer(tiny(n_kv_heads, rope_scaling=SCALINGS["linear"]))
+    a, b, c = ids(1, 5, 1)[0], ids(1, 9, 2)[0], ids(1, 3, 3)[0]
+    packed = torch.cat([a, b, c])[None]  # (1, 17)
+    seg = torch.tensor([[0] * 5 + [1] * 9 + [2] * 3])
+    with torch.no_grad():
+        out = model(packed, segment_ids=seg)[0]
+        for piece, start in ((a, 0), (b, 5), (c, 14)):
+            torch.testing.assert_close(out[start:start + len(piece)], model(piece[None])[0], atol=1e-5, rtol=0)
+
+
+def test_right_padding_leaves_real_positions_unchanged():
+    model = Transformer(tiny())
+    x = ids(1, 6)
+    padded = torch.cat([x, torch.zeros(1, 4, dtype=torch.long)], dim=1)
+    with torch.no_grad():
+        torch.testing.assert_close(model(padded)[:, :6], model(x), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("scaling", SCALINGS, ids=list(SCALINGS))
+@pytest.mark.parametrize("n_kv_heads", [4, 2, 1], ids=["MHA", "GQA", "MQA"])
+def test_cached_forward_equals_the_full_forward(scaling, n_kv_heads):
+    model = Transformer(tiny(n_kv_heads, rope_scaling=SCALINGS[scaling]))
+    x = ids(3, 16)
+    with torch.no_grad():
+        full = model(x)
+        cache = model.new_cache(3, 32)
+        parts = [model(x[:, :7], cache=cache)] + [model(x[:, t:t + 1], cache=cache) for t in range(7, 16)]
+    torch.testing.assert_close(torch.cat(parts, dim=1), full, atol=1e-5, rtol=0)
+    assert cache.lengths.tolist() == [16, 16, 16]
+
+
+def test_cached_rows_of_different_lengths_match_their_own_full_forward():
+    model = Transformer(tiny())
+    x = ids(2, 10)
+    with torch.no_grad():
+        cache = model.new_cache(2, 16)
+        model(x[:, :6], cache=cache)
+        cache.rollback([1], 4)  # row 1 keeps 2 tokens; its stale slots must stay invisible
+        step = torch.stack([x[0, 6], x[1, 2]])[:, None]  # (2, 1)
+        out = model(step, cache=cache)[:, 0]
+        torch.testing.assert_close(out[0], model(x[:1, :7])[0, -1], atol=1e-5, rtol=0)
+        torch.testing.assert_close(out[1], model(x[1:, :3])[0, -1], atol=1e-5, rtol=0)
+
+
+def test_same_seed_same_weights_other_seed_other_weights():
+    a, b, c = Transformer(tiny(), seed=3), Transformer(tiny(), seed=3), Transformer(tiny(), seed=4)
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
+    assert not torch.equal(a.embed_tokens.weight, c.embed_tokens.weight)
+
+
+def test_training_step_gives_finite_gradients_everywhere():
+    model = Transformer(tiny(tie_embeddings=True))
+    x = ids(2, 8)
+    logits = model(x[:, :-1])
+    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, V), x[:, 1:].reshape(-1))
+    loss.backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
+
+
+def test_bf16_autocast_on_cpu_stays_close_to_fp32():
+    model = Transformer(tiny())
+    x = ids()
+    with torch.no_grad():
+        ref = model(x)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            low = model(x)
+    assert low.dtype == torch.bfloat16
+    assert (low.float() - ref).abs().max() < 0.1
+
+
+@pytest.mark.parametrize("kw", [dict(hidden_size=30), dict(n_kv_heads=3), dict(n_layers=0),
+                                dict(vocab_size=-1), dict(norm_eps=0.0), dict(rope_scaling="linear"),
+                                dict(hidden_size=30, n_heads=6, n_kv_heads=6)])
+def test_bad_configs_raise(kw):
+    with pytest.raises((ValueError, TypeError)):
+        tiny(**kw)
+
+
+def test_bad_calls_raise_clear_errors():
+    model = Transformer(tiny())
+    cache = model.new_cache(3, 8)
+    with pytest.raises(ValueError, match="input_ids"):
+        model(torch.zeros(3, dtype=torch.long))
+    with pytest.raises(ValueError, match="segment_ids"):
+        model(ids(), segment_ids=torch.zeros(3, 5, dtype=torch.long))
+    with pytest.raises(ValueError, match="cannot be combined"):
+        model(ids(3, 2), segment_ids=torch.zeros(3, 2, dtype=torch.long), cache=cache)
+    with pytest.raises(ValueError, match="rows"):
+        model(ids(2, 2), cache=cache)
+    with pytest.raises(ValueError, match="do not fit"):
+        model(ids(3, 9), cache=cache)
+    assert cache.lengths.tolist() == [0, 0, 0]  # nothing was written
