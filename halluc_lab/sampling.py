@@ -1,0 +1,412 @@
+"""Softmax, temperature and decoding: greedy, top-k, top-p, sampling and beam search.
+
+Chapter 3 (softmax, temperature and decoding). Sources: 000 §2.3 (Definition 2), §2.4
+(temperature, Proposition 1), §4.1–4.5 (greedy, beam search with a length term, sampling,
+Definitions 6 and 7) and §6.1 (the generation loop); 001 Part 3 eq. (10) and remark (iv);
+002 "Sampling Strategies"; 003 §1 (greedy and beam search).
+
+Every function takes logits of shape (..., V) and works over any leading dimensions. The
+per-row knobs (``temperature``, ``k``, ``p``) are a Python number or a tensor of shape (...)
+holding one value per row. ``validate=True`` checks tensor *values* (NaN, +inf, a row with no
+finite logit, per-row knobs out of range), which waits for the device; the generation engine
+passes ``validate=False`` inside a CUDA graph, and then nothing here synchronises with the host:
+no ``.item()``, no branching on tensor values, no data-dependent shapes.
+
+Where this departs from the documents (the chapter shows each):
+
+- Top-k keeps exactly k tokens; ties at the k-th logit are broken towards the lower index.
+  Hugging Face's ``TopKLogitsWarper`` and nanoGPT (001 Listing 4) keep every token tied with
+  the k-th, so they can keep more than k. k > V keeps everything, as they do.
+- Top-p follows 000 Definition 7: the smallest set, in decreasing probability, whose mass is
+  ≥ p, so the token that crosses p is kept. 000 §4.5's prose and 002 say "exceeds p", and
+  002's ``nucleus_sampling`` (``cumulative <= p``) drops the crossing token (see the errata).
+- ``sample`` draws with the Gumbel-max trick (argmax of log p + Gumbel noise), which has the
+  same distribution as ``torch.multinomial`` on the probabilities but, unlike it, needs no
+  check on the host.
+- The beam-search score is 000 §4.2's sum of log-probs plus λ·len, an additive length bonus
+  (not a division by the length); a hypothesis that has emitted EOS keeps its slot in the beam
+  and its score, where Hugging Face moves it out and refills the beam.
+- Softmaxes are computed in float32 at least (float64 stays float64), so that bf16 logits
+  divided by a small temperature do not overflow.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from numbers import Integral, Real
+
+import torch
+
+Param = float | int | torch.Tensor  # a scalar, or a tensor with one value per row
+
+
+# --- checks -----------------------------------------------------------------------------------
+
+def _check_logits(logits: torch.Tensor, validate: bool, name: str = "logits") -> None:
+    """Shape and dtype always; values (NaN, +inf, all -inf rows) only when ``validate``."""
+    if not isinstance(logits, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor of shape (..., V), got {type(logits).__name__}")
+    if not logits.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor, got {logits.dtype}")
+    if logits.dim() < 1 or logits.shape[-1] < 1:
+        raise ValueError(f"{name} must have shape (..., V) with V >= 1, got {tuple(logits.shape)}")
+    if not validate or logits.numel() == 0:
+        return
+    checks = [torch.isnan(logits).any(), (logits == math.inf).any(), (logits == -math.inf).all(dim=-1).any()]
+    has_nan, has_posinf, has_empty_row = torch.stack(checks).tolist()  # one wait for the device, not three
+    if has_nan:
+        raise ValueError(f"{name} contain NaN; allowed: finite values or -inf")
+    if has_posinf:
+        raise ValueError(f"{name} contain +inf; allowed: finite values or -inf")
+    if has_empty_row:
+        raise ValueError(f"every row of {name} needs at least one finite entry (a row is all -inf)")
+
+
+def _row_param(value: Param, name: str, logits: torch.Tensor, allowed: str,
+               ok: Callable[[object], object], integer: bool, validate: bool) -> Param:
+    """A knob as a Python number or a (..., 1) tensor that broadcasts against (..., V) logits."""
+    if isinstance(value, torch.Tensor):
+        if value.shape != logits.shape[:-1]:
+            raise ValueError(f"{name} as a tensor must have one value per row, shape "
+                             f"{tuple(logits.shape[:-1])}, got {tuple(value.shape)}")
+        if integer and (value.is_floating_point() or value.dtype == torch.bool):
+            raise TypeError(f"{name} must be an integer tensor, got {value.dtype}")
+        if validate and value.numel() and not bool(ok(value).all()):
+            raise ValueError(f"{name} must be in {allowed} in every row")
+        return value.to(logits.device)[..., None]
+    kinds = (Integral,) if integer else (Real,)
+    if isinstance(value, bool) or not isinstance(value, kinds):
+        kind = "an int" if integer else "a number"
+        raise TypeError(f"{name} must be {kind} or a tensor, got {type(value).__name__}")
+    if not ok(value):
+        raise ValueError(f"{name} must be in {allowed}, got {value!r}")
+    return value
+
+
+def _temperature(value: Param, logits: torch.Tensor, validate: bool) -> Param:
+    # A finite τ: -inf / inf is NaN, and τ → ∞ is a limit, not a setting (000 §2.4).
+    return _row_param(value, "temperature", logits, "(0, inf)",
+                      lambda t: (t > 0) & (t < math.inf), integer=False, validate=validate)
+
+
+def _work(logits: torch.Tensor) -> torch.Tensor:
+    """Promote half precision to float32; float32 and float64 stay as they are."""
+    return logits.to(torch.promote_types(logits.dtype, torch.float32))
+
+
+# --- softmax, temperature, entropy (000 §2.3–2.4, 001 eq. 10) ----------------------------------
+
+def log_softmax(logits: torch.Tensor, temperature: Param = 1.0, *, validate: bool = True) -> torch.Tensor:
+    """log p^τ(v) = z_v/τ − log Σ_v' exp(z_v'/τ) along the last dimension (000 Definition 2).
+
+    Args:
+        logits: (..., V) logits z; -inf entries get log-probability -inf.
+        temperature: τ in (0, inf), a number or one value per row, shape (...).
+
+    Returns:
+        (..., V) log-probabilities, float32 or float64.
+
+    Example:
+        >>> log_softmax(torch.tensor([2.0, 1.0, 0.1])).exp()   # 001 Part 3 §4
+        tensor([0.6590, 0.2424, 0.0986])
+    """
+    _check_logits(logits, validate)
+    tau = _temperature(temperature, logits, validate)
+    z = _work(logits) / tau  # (..., V)
+    # Subtracting the row maximum changes nothing mathematically (it cancels) but keeps every
+    # exponent ≤ 0, so logits of ±1e4 at τ = 1e-4 neither overflow nor lose the top token.
+    shifted = z - z.amax(dim=-1, keepdim=True)  # (..., V)
+    return shifted - shifted.exp().sum(dim=-1, keepdim=True).log()
+
+
+def softmax(logits: torch.Tensor, temperature: Param = 1.0, *, validate: bool = True) -> torch.Tensor:
+    """p^τ(v) = exp(z_v/τ) / Σ_v' exp(z_v'/τ) along the last dimension (000 eq. in §2.4).
+
+    Example:
+        >>> softmax(torch.tensor([2.0, 1.0, 0.1]), temperature=0.5)   # 001 Part 3 §4
+        tensor([0.8638, 0.1169, 0.0193])
+    """
+    return log_softmax(logits, temperature, validate=validate).exp()
+
+
+def entropy(logits: torch.Tensor, temperature: Param = 1.0, unit: str = "nats", *,
+            validate: bool = True) -> torch.Tensor:
+    """Entropy of softmax(z/τ), shape (...), in "nats" or "bits" (002 "Entropy").
+
+    The probabilities come from :func:`softmax`; the entropy itself is
+    :func:`halluc_lab.information.entropy` (0 · log 0 = 0 for masked tokens).
+
+    Example:
+        >>> round(float(entropy(torch.zeros(8), unit="bits")), 6)   # uniform over 8 tokens
+        3.0
+    """
+    from halluc_lab import information  # chapter 1's module owns the definition of entropy
+
+    return information.entropy(softmax(logits, temperature, validate=validate), dim=-1, unit=unit)
+
+
+# --- decoding rules (000 §4.1, §4.4, §4.5) -----------------------------------------------------
+
+def greedy(logits: torch.Tensor, *, validate: bool = True) -> torch.Tensor:
+    """argmax_v z_v over the last dimension, shape (...) (000 §4.1); ties go to the lower index."""
+    _check_logits(logits, validate)
+    return logits.argmax(dim=-1)
+
+
+def _keep_sorted(logits: torch.Tensor,
+                 keep_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """Sort each row (descending, stable), decide which ranks to keep, mask the rest with -inf."""
+    sorted_logits, order = logits.sort(dim=-1, descending=True, stable=True)  # (..., V)
+    keep_sorted = keep_fn(sorted_logits, order).expand_as(order)  # (..., V) bool, in rank order
+    keep = torch.zeros(order.shape, dtype=torch.bool, device=order.device)
+    keep = keep.scatter(-1, order, keep_sorted)  # back to token order
+    return logits.masked_fill(~keep, -math.inf)
+
+
+def top_k_filter(logits: torch.Tensor, k: int | torch.Tensor, *, validate: bool = True) -> torch.Tensor:
+    """Keep the k largest logits of each row, set the rest to -inf (000 Definition 6).
+
+    Args:
+        logits: (..., V).
+        k: an int ≥ 1 or one per row, shape (...); k ≥ V keeps every token.
+
+    Returns:
+        (..., V) logits of the same dtype; exactly min(k, V) entries of each row are unchanged
+        (ties at the k-th value are broken towards the lower index).
+
+    Example:
+        >>> top_k_filter(torch.tensor([2.0, 1.0, 0.1]), 2)
+        tensor([2., 1., -inf])
+    """
+    _check_logits(logits, validate)
+    k = _row_param(k, "k", logits, "[1, inf)", lambda x: x >= 1, integer=True, validate=validate)
+    rank = torch.arange(logits.shape[-1], device=logits.device)  # (V,)
+    return _keep_sorted(logits, lambda sorted_logits, order: rank < k)
+
+
+def top_p_filter(logits: torch.Tensor, p: float | torch.Tensor, *, validate: bool = True) -> torch.Tensor:
+    """Keep the smallest set of top tokens whose probability reaches p; the rest become -inf.
+
+    000 Definition 7: tokens are added in decreasing probability until their mass is ≥ p, so the
+    token that crosses p is kept. A token is therefore kept exactly when the tokens ranked
+    above it hold less than p. p = 1 keeps every token.
+
+    Args:
+        logits: (..., V); the probabilities are softmax(logits) (apply a temperature first).
+        p: in (0, 1], a number or one per row, shape (...).
+
+    Returns:
+        (..., V) logits of the same dtype with the excluded entries set to -inf.
+
+    Example:
+        >>> top_p_filter(torch.tensor([2.0, 1.0, 0.1]), 0.9)   # 0.659 < 0.9 ≤ 0.659 + 0.242
+        tensor([2., 1., -inf])
+    """
+    _check_logits(logits, validate)
+    p = _row_param(p, "p", logits, "(0, 1]", lambda x: (x > 0) & (x <= 1), integer=False,
+                   validate=validate)
+
+    def keep(sorted_logits: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
+        probs = softmax(sorted_logits, validate=False)  # (..., V), decreasing
+        cumulative = probs.cumsum(dim=-1)  # (..., V)
+        mass_above = torch.cat([torch.zeros_like(cumulative[..., :1]), cumulative[..., :-1]], dim=-1)
+        # p = 1 keeps all, even where rounding makes the mass above the last token reach 1.
+        return (mass_above < p) | (p >= 1)
+
+    return _keep_sorted(logits, keep)
+
+
+def filter_logits(logits: torch.Tensor, temperature: Param = 1.0, top_k: int | torch.Tensor | None = None,
+                  top_p: float | torch.Tensor | None = None, *, validate: bool = True) -> torch.Tensor:
+    """The logits that :func:`sample` draws from: z/τ, then top-k, then top-p (Hugging Face's order).
+
+    Returns (..., V) in float32 or float64; ``softmax`` of it is the sampling distribution.
+    """
+    _check_logits(logits, validate)
+    z = _work(logits) / _temperature(temperature, logits, validate)  # (..., V)
+    if top_k is not None:
+        z = top_k_filter(z, top_k, validate=validate)
+    if top_p is not None:
+        z = top_p_filter(z, top_p, validate=validate)
+    return z
+
+
+def sample(logits: torch.Tensor, temperature: Param = 1.0, top_k: int | torch.Tensor | None = None,
+           top_p: float | torch.Tensor | None = None, generator: torch.Generator | None = None, *,
+           validate: bool = True) -> torch.Tensor:
+    """Draw one token per row from softmax(filter_logits(...)) (000 §4.3–4.5, 001 eq. 10).
+
+    Args:
+        logits: (..., V).
+        temperature, top_k, top_p: see :func:`filter_logits`; None skips a filter.
+        generator: a ``torch.Generator`` on the logits' device; the same state gives the same tokens.
+
+    Returns:
+        (...) token ids (int64).
+
+    Example:
+        >>> g = torch.Generator().manual_seed(0)
+        >>> sample(torch.tensor([[2.0, 1.0, 0.1]] * 4), temperature=0.5, generator=g).shape
+        torch.Size([4])
+    """
+    z = filter_logits(logits, temperature, top_k, top_p, validate=validate)  # (..., V)
+    # Gumbel-max: argmax_v (log p_v + G_v) with G_v = -log(-log U_v) i.i.d. is distributed as p.
+    # log p_v and z_v differ by a per-row constant, which the argmax ignores.
+    u = torch.rand(z.shape, generator=generator, device=z.device, dtype=z.dtype)  # (..., V)
+    u = u.clamp_min(torch.finfo(z.dtype).tiny)  # U = 0 would give -inf noise (probability 2^-24)
+    gumbel = -torch.log(-torch.log(u))  # (..., V)
+    return (z + gumbel).argmax(dim=-1)
+
+
+# --- the generation loop and beam search (000 §6.1, §4.2) --------------------------------------
+
+Step = Callable[[torch.Tensor], torch.Tensor]  # (N, t) token ids -> (N, V) next-token logits
+
+
+def _call_step(step: Step, tokens: torch.Tensor) -> torch.Tensor:
+    logits = step(tokens)  # (N, V)
+    if not isinstance(logits, torch.Tensor) or logits.dim() != 2 or logits.shape[0] != tokens.shape[0]:
+        shape = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
+        raise ValueError(f"step must map tokens (N, t) to logits (N, V); got {shape} for N = "
+                         f"{tokens.shape[0]}")
+    return logits
+
+
+def _check_prompt(prompt: torch.Tensor) -> torch.Tensor:
+    """A (T0,) or (N, T0) int64 prompt as (N, T0)."""
+    if not isinstance(prompt, torch.Tensor) or prompt.dtype != torch.long or prompt.dim() not in (1, 2):
+        raise ValueError("prompt must be an int64 tensor of shape (T0,) or (N, T0)")
+    return prompt if prompt.dim() == 2 else prompt[None]
+
+
+def _check_count(value: int, name: str, low: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, Integral) or value < low:
+        raise ValueError(f"{name} must be an int in [{low}, inf), got {value!r}")
+
+
+def decode(step: Step, prompt: torch.Tensor, max_new_tokens: int,
+           choose: Callable[[torch.Tensor], torch.Tensor] = greedy,
+           eos_token: int | None = None) -> torch.Tensor:
+    """000 §6.1's loop: logits = step(tokens), token = choose(logits), append; stop after EOS.
+
+    The reference loop without a cache (the engine is the fast one). ``choose`` is a decoding
+    rule from (N, V) logits to (N,) tokens, e.g. ``greedy`` or
+    ``functools.partial(sample, top_p=0.9, generator=g)``.
+
+    Returns:
+        (N, T0 + L) or (T0 + L,) like the prompt, L ≤ max_new_tokens; a row that has emitted
+        EOS is padded with EOS; the loop ends early once every row has.
+    """
+    tokens = _check_prompt(prompt)  # (N, T0)
+    _check_count(max_new_tokens, "max_new_tokens", 0)
+    done = torch.zeros(tokens.shape[0], dtype=torch.bool, device=tokens.device)  # (N,)
+    for _ in range(max_new_tokens):
+        logits = _call_step(step, tokens)  # (N, V)
+        nxt = choose(logits)  # (N,)
+        if eos_token is not None:
+            nxt = torch.where(done, eos_token, nxt)
+            done = done | (nxt == eos_token)
+        tokens = torch.cat([tokens, nxt[:, None]], dim=1)  # (N, t + 1)
+        if eos_token is not None and bool(done.all()):
+            break
+    return tokens if prompt.dim() == 2 else tokens[0]
+
+
+@dataclass(frozen=True)
+class Beams:
+    """The B hypotheses of a beam search per prompt, best first."""
+
+    tokens: torch.Tensor  # (*N, B, T0 + L) the prompt then the continuation, EOS-padded
+    scores: torch.Tensor  # (*N, B) sum of log-probs + λ · length (000 §4.2), decreasing
+    log_probs: torch.Tensor  # (*N, B) sum of the continuation's log-probs
+    lengths: torch.Tensor  # (*N, B) continuation lengths, EOS included
+
+
+def beam_search(step: Step, prompt: torch.Tensor, beam_width: int, max_new_tokens: int, *,
+                eos_token: int | None = None, length_bonus: float = 0.0) -> Beams:
+    """Beam search of 000 §4.2: extend each of B hypotheses by every token, keep the best B.
+
+    score(h) = Σ log p(y_τ | y_<τ) + λ · len(h), with λ = ``length_bonus``. Every step scores
+    B · V candidates. A hypothesis that has emitted ``eos_token`` is frozen: its only extension
+    is EOS again at log-prob 0 and no extra length. With a beam wider than the number of distinct
+    continuations, the surplus hypotheses have score -inf.
+
+    Args:
+        step: maps tokens (M, t) to next-token logits (M, V) (log-probs work too).
+        prompt: (T0,) or (N, T0) int64.
+
+    Returns:
+        :class:`Beams`; the leading N is dropped for a 1-D prompt.
+
+    Example:
+        >>> table = torch.tensor([[0.0, 1.0], [1.0, 0.0]]).log()   # a deterministic 2-state chain
+        >>> beam_search(lambda t: table[t[:, -1]], torch.tensor([0]), 2, 3).tokens[0].tolist()
+        [0, 1, 0, 1]
+    """
+    tokens = _check_prompt(prompt)  # (N, T0)
+    _check_count(beam_width, "beam_width", 1)
+    _check_count(max_new_tokens, "max_new_tokens", 0)
+    if isinstance(length_bonus, bool) or not isinstance(length_bonus, Real) or not math.isfinite(length_bonus):
+        raise ValueError(f"length_bonus must be a finite number, got {length_bonus!r}")
+    N, B = tokens.shape[0], beam_width
+    tokens = tokens.repeat_interleave(B, dim=0)  # (N·B, T0)
+    logp_sum = torch.full((N, B), -math.inf, device=tokens.device)  # promoted to the logits' dtype
+    logp_sum[:, 0] = 0.0  # one live hypothesis to start with, or B copies would fill the beam
+    lengths = torch.zeros(N, B, dtype=torch.long, device=tokens.device)
+    done = torch.zeros(N, B, dtype=torch.bool, device=tokens.device)
+    for _ in range(max_new_tokens):
+        logits = _call_step(step, tokens)  # (N·B, V)
+        V = logits.shape[-1]
+        logp = log_softmax(logits).view(N, B, V)  # (N, B, V), float32 or float64
+        if eos_token is not None:
+            if not 0 <= eos_token < V:
+                raise ValueError(f"eos_token must be in [0, {V - 1}], got {eos_token}")
+            frozen = torch.full_like(logp, -math.inf)
+            frozen[..., eos_token] = 0.0
+            logp = torch.where(done[..., None], frozen, logp)
+        new_len = lengths + (~done).long()  # (N, B)
+        cand_logp = (logp_sum[..., None] + logp).view(N, B * V)  # (N, B·V)
+        bonus = length_bonus * new_len.to(cand_logp.dtype)  # (N, B)
+        cand_score = cand_logp + bonus.repeat_interleave(V, dim=1)  # (N, B·V)
+        _, flat = cand_score.topk(B, dim=-1)  # (N, B), best first
+        beam, tok = flat // V, flat % V  # (N, B) each
+        logp_sum = cand_logp.gather(-1, flat)
+        lengths = new_len.gather(-1, beam)
+        done = done.gather(-1, beam) | (tok == eos_token if eos_token is not None else False)
+        rows = (beam + B * torch.arange(N, device=beam.device)[:, None]).view(-1)  # (N·B,)
+        tokens = torch.cat([tokens[rows], tok.view(-1, 1)], dim=1)  # (N·B, t + 1)
+        if bool(done.all()):
+            break
+    scores = logp_sum + length_bonus * lengths.to(logp_sum.dtype)  # (N, B)
+    lead = prompt.shape[:-1]  # () or (N,)
+    return Beams(tokens=tokens.view(*lead, B, -1), scores=scores.view(*lead, B),
+                 log_probs=logp_sum.view(*lead, B), lengths=lengths.view(*lead, B))
+
+
+# --- what decoding produces: repetition (chapter 3's trade-off) ---------------------------------
+
+def _ngram_ids(tokens: torch.Tensor, n: int) -> torch.Tensor:
+    """(S, L) token ids -> (S, L - n + 1) integer codes of their n-grams."""
+    if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2 or tokens.dtype != torch.long:
+        raise ValueError("tokens must be an int64 tensor of shape (S, L)")
+    if tokens.numel() and int(tokens.min()) < 0:
+        raise ValueError("tokens must be token ids in [0, inf)")
+    _check_count(n, "n", 1)
+    if tokens.shape[1] < n:
+        raise ValueError(f"n must be in [1, L = {tokens.shape[1]}], got {n}")
+    base = int(tokens.max()) + 1
+    if base ** n >= 2 ** 62:
+        raise ValueError(f"n = {n} with {base} token ids overflows int64 n-gram codes; use a smaller n")
+    windows = tokens.unfold(1, n, 1)  # (S, L - n + 1, n)
+    weights = base ** torch.arange(n, device=tokens.device)  # (n,)
+    return (windows * weights).sum(-1)
+
+
+def repetition_rate(tokens: torch.Tensor, n: int = 2) -> float:
+    """Mean over (S, L) sequences of 1 − distinct n-grams / n-grams (seq-rep-n of Welleck et al. 2020)."""
+    ids = _ngram_ids(tokens, n).sort(dim=1).values  # (S, M)
+    distinct = 1 + (ids[:, 1:] != ids[:, :-1]).sum(dim=1)  # (S,)
+    return float((1 - distinct.double() / ids.shape[1]).mean())
+
