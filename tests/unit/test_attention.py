@@ -51,6 +51,13 @@ def test_causal_matches_torch_is_causal():
     assert torch.all(w.triu(1) == 0)
 
 
+def test_causal_with_cache_matches_torch_with_a_bottom_right_mask():
+    q, k, v = _qkv(T_q=3, T_k=7)
+    out, _ = scaled_dot_product_attention(q, k, v, causal=True)
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=torch.ones(3, 7, dtype=torch.bool).tril(diagonal=4))
+    torch.testing.assert_close(out, ref, atol=1e-6, rtol=1e-6)
+
+
 def test_causal_with_cache_matches_the_last_rows_of_full_attention():
     q, k, v = _qkv(T_q=7, T_k=7)
     full, _ = scaled_dot_product_attention(q, k, v, causal=True)
@@ -139,10 +146,11 @@ def test_repeat_kv_matches_hugging_face():
         assert torch.equal(repeat_kv(x, n_rep), hf_repeat_kv(x, n_rep))
 
 
-def test_gqa_matches_torch_enable_gqa():
+@pytest.mark.parametrize("n_kv", [6, 2, 1])  # MHA, GQA, MQA
+def test_gqa_matches_torch_enable_gqa(n_kv):
     q, _, _ = _qkv(H=6)
-    _, k, v = _qkv(H=2, seed=1)
-    out, _ = scaled_dot_product_attention(q, repeat_kv(k, 3), repeat_kv(v, 3), causal=True)
+    _, k, v = _qkv(H=n_kv, seed=1)
+    out, _ = scaled_dot_product_attention(q, repeat_kv(k, 6 // n_kv), repeat_kv(v, 6 // n_kv), causal=True)
     ref = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
     torch.testing.assert_close(out, ref, atol=1e-6, rtol=1e-6)
 
