@@ -39,6 +39,8 @@ from numbers import Integral, Real
 
 import torch
 
+from halluc_lab import information  # chapter 1's module owns the definition of entropy
+
 Param = float | int | torch.Tensor  # a scalar, or a tensor with one value per row
 
 
@@ -142,8 +144,6 @@ def entropy(logits: torch.Tensor, temperature: Param = 1.0, unit: str = "nats", 
         >>> round(float(entropy(torch.zeros(8), unit="bits")), 6)   # uniform over 8 tokens
         3.0
     """
-    from halluc_lab import information  # chapter 1's module owns the definition of entropy
-
     return information.entropy(softmax(logits, temperature, validate=validate), dim=-1, unit=unit)
 
 
