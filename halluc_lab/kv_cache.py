@@ -30,6 +30,7 @@ Where the code departs from the documents:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -201,3 +202,56 @@ class KVCache:
         L, B, T, H_kv, D = self.k.shape
         return (f"KVCache(layers={L}, batch={B}, positions={T}, kv_heads={H_kv}, head_dim={D}, "
                 f"dtype={str(self.k.dtype).removeprefix('torch.')}, {self.nbytes / 2**20:.2f} MiB)")
+
+
+# ----------------------------------------------------------------------------- what a forward costs
+
+@dataclass(frozen=True)
+class StepCost:
+    """Work and memory traffic of one forward of ``n_new`` tokens per row over ``n_cached`` cached ones."""
+
+    token_rows: int  # token positions pushed through the projections and the MLP (B · n_new)
+    scores: int  # query-key dot products per layer and head (causal: each new token sees the cache and itself)
+    dense_flops: int  # multiply-adds ×2 of the projections, the MLP and the head, all layers
+    attention_flops: int  # ×2 multiply-adds of q·k and of the weighted sum of values, all layers and heads
+    weight_bytes: int  # the weights, read once per forward
+    kv_read_bytes: int  # keys and values read by attention (every visible position, every layer)
+    kv_write_bytes: int  # keys and values written for the new tokens
+
+    @property
+    def flops(self) -> int:
+        return self.dense_flops + self.attention_flops
+
+    @property
+    def bytes(self) -> int:
+        return self.weight_bytes + self.kv_read_bytes + self.kv_write_bytes
+
+
+def step_cost(config, n_new: int, n_cached: int = 0, batch: int = 1, bytes_per_value: int = 2) -> StepCost:
+    """Count the work of one forward (a prefill if ``n_cached == 0``, a decode step if ``n_new == 1``).
+
+    Without a cache, step t of 000 §6.1's loop is ``step_cost(c, t)``; with one it is
+    ``step_cost(c, 1, t - 1)``. ``config`` needs vocab_size, hidden_size, n_layers, n_heads,
+    n_kv_heads, head_dim and intermediate_size (a :class:`~halluc_lab.model.ModelConfig`).
+
+    Example::
+
+        step_cost(config, 1, 99).scores       # 100: the new query against 99 cached keys and its own
+    """
+    for name, value in (("n_new", n_new), ("batch", batch), ("bytes_per_value", bytes_per_value)):
+        _positive_int(name, value)
+    if not isinstance(n_cached, int) or isinstance(n_cached, bool) or n_cached < 0:
+        raise ValueError(f"n_cached must be a non-negative int, got {n_cached!r}")
+    c = config
+    d, L, H, H_kv, D, I, V = (c.hidden_size, c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim,
+                              c.intermediate_size, c.vocab_size)
+    rows = batch * n_new
+    per_row = L * 2 * d * ((H + 2 * H_kv) * D + H * D + 3 * I) + 2 * d * V  # qkv, o, gate/up/down; head
+    scores = batch * (n_new * n_cached + n_new * (n_new + 1) // 2)  # Σ_i (n_cached + i + 1)
+    # Weights read once: every layer, the final norm and the head in full, but only the embedding rows used.
+    params = L * (d * (H + 2 * H_kv) * D + H * D * d + 3 * d * I + 2 * d) + d + V * d + rows * d
+    kv_per_position = 2 * L * H_kv * D * bytes_per_value
+    return StepCost(token_rows=rows, scores=scores, dense_flops=rows * per_row,
+                    attention_flops=L * H * 4 * D * scores, weight_bytes=params * bytes_per_value,
+                    kv_read_bytes=batch * (n_cached + n_new) * kv_per_position,
+                    kv_write_bytes=rows * kv_per_position)

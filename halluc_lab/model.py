@@ -126,8 +126,8 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         if self.fast:  # one fused kernel where PyTorch has one; same formula
-            return F.rms_norm(x.float(), x.shape[-1:], self.weight.float(), self.eps).to(
-                torch.promote_types(x.dtype, self.weight.dtype))
+            out_dtype = x.dtype if x.dtype == self.weight.dtype else torch.promote_types(x.dtype, self.weight.dtype)
+            return F.rms_norm(x.float(), x.shape[-1:], self.weight.float(), self.eps).to(out_dtype)
         return rms_norm_reference(x, self.weight, self.eps)
 
 
@@ -147,10 +147,9 @@ class SelfAttention(nn.Module):
                 n_keys: int = 0) -> Tensor:
         B, T, _ = x.shape
         H, H_kv, D = self.n_heads, self.n_kv_heads, self.head_dim
-        qkv = self.qkv_proj(x).view(B, T, H + 2 * H_kv, D)  # (B, T, H + 2·H_kv, D)
-        qk = apply_rope(qkv[:, :, : H + H_kv], cos, sin)  # RoPE on queries and keys, not values
-        q = qk[:, :, :H].transpose(1, 2)  # (B, H, T, D)
-        k, v = qk[:, :, H:], qkv[:, :, H + H_kv:]  # (B, T, H_kv, D) each: the cache's layout
+        qk, v = self.qkv_proj(x).view(B, T, H + 2 * H_kv, D).split([H + H_kv, H_kv], dim=2)
+        q, k = apply_rope(qk, cos, sin).split([H, H_kv], dim=2)  # RoPE on queries and keys, not values
+        q = q.transpose(1, 2)  # (B, H, T, D); k and v stay (B, T, H_kv, D), the cache's layout
         if cache is not None:  # 004 §6.2: store this step's keys/values, attend over all stored ones
             cache.write(layer, k, v, slots)
             k, v = cache.read(layer, n_keys)  # (B, H_kv, n_keys, D)

@@ -111,3 +111,36 @@ def test_shrink_lowers_lengths_on_the_device_without_checks():
     cache.lengths.copy_(torch.tensor([4, 6, 5]))
     cache.shrink(torch.tensor([2, 0]), torch.tensor([3, 1]))
     assert cache.lengths.tolist() == [3, 6, 2]
+
+
+def test_step_cost_counts_the_matmuls_pytorch_counts():
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from halluc_lab.kv_cache import step_cost
+    from halluc_lab.model import ModelConfig, Transformer
+
+    config = ModelConfig(vocab_size=50, hidden_size=32, n_layers=2, n_heads=4, n_kv_heads=2, tie_embeddings=False)
+    model = Transformer(config)
+    cache = model.new_cache(2, 16)
+    with torch.no_grad():
+        model(torch.zeros(2, 5, dtype=torch.long), cache=cache)
+        counter = FlopCounterMode(display=False)
+        with counter:
+            model(torch.zeros(2, 3, dtype=torch.long), cache=cache)
+    counts = counter.get_flop_counts()["Global"]
+    dense = sum(v for op, v in counts.items() if "mm" in str(op) and "bmm" not in str(op))
+    cost = step_cost(config, n_new=3, n_cached=5, batch=2)
+    assert cost.dense_flops == dense
+    assert cost.scores == 2 * (6 + 7 + 8)  # each new query sees the 5 cached keys and the new ones up to itself
+    assert cost.attention_flops == 2 * 2 * 4 * 4 * 8 * (6 + 7 + 8)  # L · H · 4D · scores
+    assert cost.kv_write_bytes == 2 * 3 * (2 * 2 * 2 * 8 * 2)
+
+
+def test_step_cost_rejects_bad_counts():
+    from halluc_lab.kv_cache import step_cost
+    from halluc_lab.model import ModelConfig
+
+    config = ModelConfig(vocab_size=50, hidden_size=32, n_layers=1, n_heads=2)
+    for kw in (dict(n_new=0), dict(n_new=1, n_cached=-1), dict(n_new=1, batch=0)):
+        with pytest.raises(ValueError):
+            step_cost(config, **kw)
