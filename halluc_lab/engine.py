@@ -30,7 +30,9 @@ their cache and outputs and are carried along unchanged.
 On CUDA the step is captured once as a CUDA graph per sampling setting and replayed: all its
 bookkeeping stays on the device, so a decode step is one ``replay()`` from Python. An engine has
 a fixed batch size; :func:`generate` keeps engines for batch sizes rounded up to a power of two
-(the graph buckets) and fills unused rows with finished dummies.
+(the graph buckets) and fills unused rows with finished dummies. A graph reads the weights where
+they are, so training them in place between generations is fine; weights replaced by new tensors
+(``.to()``, ``load_state_dict(assign=True)``) are noticed at :meth:`Engine.start` and recaptured.
 
 Where the code departs from the documents:
 
@@ -134,6 +136,7 @@ class Engine:
         self.max_new_tokens = 0
         self._user_generator: torch.Generator | None = None
         self._graphs: dict[SamplingParams, torch.cuda.CUDAGraph] = {}
+        self._weights: tuple[int, ...] = ()  # addresses of the weights the graphs were captured with
 
     @property
     def model(self) -> nn.Module:
@@ -162,6 +165,10 @@ class Engine:
         the run is copied back by :meth:`result`; None draws a seed from torch's global generator.
         """
         prompts = self._check_start(prompts, max_new_tokens, params, stop_tokens, generator)
+        weights = tuple(p.data_ptr() for p in self.model.parameters())
+        if weights != self._weights:  # graphs read weights in place: new tensors (.to(), assign=True) need new graphs
+            self._graphs.clear()
+            self._weights = weights
         N, B, V = len(prompts), self.batch_size, self.vocab_size
         lengths = [len(p) for p in prompts] + [1] * (B - N)  # unused rows: a one-token dummy prompt
         self.params, self.n_rows, self.max_new_tokens = params, N, max_new_tokens

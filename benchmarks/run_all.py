@@ -1,0 +1,43 @@
+"""Every benchmark that matters, in one call (about 4 minutes on one H100).
+
+Decode: tiny at batches 1 and 64 against HF generate with its dynamic and its static cache;
+small at batches 1 and 64 against the dynamic cache only (the static cache's compile is slow).
+Training step: tiny and small at batch 32 × 256 tokens. JSON files go to ``--out``.
+
+    python benchmarks/run_all.py --out _build/bench
+    python benchmarks/run_all.py --quick          # a smoke check of the scripts (CPU: a minute)
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import decode
+import train_step
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", default="_build/bench", help="folder for the JSON results")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--quick", action="store_true", help="tiny model, few tokens: checks the scripts run")
+    p.add_argument("--threads", default="0", help="torch CPU threads (0 = default)")
+    args = p.parse_args(argv)
+    out = Path(args.out)
+    common = ["--device", args.device, "--threads", args.threads] + (["--quick"] if args.quick else [])
+    start = time.perf_counter()
+    decode.main(common + ["--sizes", "tiny", "--batches", "1,8" if args.quick else "1,64",
+                          "--json", str(out / "decode_tiny.json")])
+    if not args.quick:
+        decode.main(common + ["--sizes", "small", "--batches", "1,64", "--no-static",
+                              "--json", str(out / "decode_small.json")])
+    train_step.main(common + ["--sizes", "tiny" if args.quick else "tiny,small", "--batches", "8" if args.quick else "32",
+                              "--json", str(out / "train_step.json")])
+    print(f"\nall benchmarks: {time.perf_counter() - start:.0f} s")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
