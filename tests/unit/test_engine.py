@@ -35,6 +35,7 @@ def reference(model, prompts, actions, params, generator=None, stop_tokens=(), m
     """
     seqs, out = [list(p) for p in prompts], [[] for _ in prompts]
     done = [False] * len(prompts)
+    device = next(model.parameters()).device
     for action in actions:
         if action[0] == "rollback":
             _, rows, n = action
@@ -44,7 +45,7 @@ def reference(model, prompts, actions, params, generator=None, stop_tokens=(), m
                 done[r] = False
             continue
         force = action[1]
-        logits = torch.stack([model(torch.tensor(s)[None])[0, -1] for s in seqs])  # (B, V)
+        logits = torch.stack([model(torch.tensor(s, device=device)[None])[0, -1] for s in seqs])  # (B, V)
         logp = sampling.log_softmax(logits)
         if params.greedy:
             choice = sampling.greedy(logits)
@@ -247,13 +248,14 @@ def test_cuda_graph_generation_equals_uncached_reference_and_hugging_face():
 
 
 @pytest.mark.gpu
-def test_bf16_engine_on_cuda_runs_and_mostly_agrees_with_fp32():
+def test_bf16_engine_on_cuda_picks_what_fp32_scores_about_the_same():
     model = tiny().cuda()
     ps = prompts(8)
-    fp32 = generate(model, ps, 16, greedy=True).token_lists()
-    bf16 = generate(model, ps, 16, greedy=True, dtype=torch.bfloat16).token_lists()
-    first = sum(a[0] == b[0] for a, b in zip(fp32, bf16))
-    assert first >= 6  # rounding may flip a near-tie, not most rows
+    fp32 = generate(model, ps, 16, greedy=True)
+    bf16 = generate(model, ps, 16, greedy=True, dtype=torch.bfloat16)
+    assert bf16.lengths.tolist() == [16] * 8
+    # The first token sees the same context in both: bf16 may flip a near-tie, never pick a poor token.
+    torch.testing.assert_close(bf16.logprobs[:, 0], fp32.logprobs[:, 0], atol=0.1, rtol=0)
 
 
 def test_generate_does_not_keep_the_model_alive():
@@ -266,3 +268,64 @@ def test_generate_does_not_keep_the_model_alive():
     del model
     gc.collect()
     assert ref() is None
+
+
+def test_graph_bookkeeping_matches_eager_with_a_stand_in_graph(monkeypatch):
+    """The CUDA-graph path on the CPU: a stand-in graph replays the step in Python, so what is checked is
+    the engine's own bookkeeping around capture (warm-up side effects undone, generator restored)."""
+    import contextlib
+
+    class StandInGraph:
+        def __init__(self):
+            self.step = None
+
+        def register_generator_state(self, generator):
+            pass
+
+        def replay(self):
+            with torch.no_grad():
+                self.step()
+
+        def pool(self):
+            return None
+
+    captured = []
+
+    @contextlib.contextmanager
+    def stand_in_capture(graph, pool=None):
+        captured.append(graph)
+        yield
+
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", StandInGraph)
+    monkeypatch.setattr(torch.cuda, "graph", stand_in_capture)
+    class StandInStream:
+        def wait_stream(self, other):
+            pass
+
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: StandInStream())
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: StandInStream())
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    model, ps = tiny(n_kv_heads=1), prompts(4)
+    actions = STEPS[:3] + [("step", {2: 3})] + [("rollback", [0, 3], [2, 1])] + STEPS
+    results = []
+    for graphed in (False, True):
+        eng = Engine(model, 4, 64)
+        if graphed:
+            eng.use_graph, eng.cache.static = True, True
+            original = eng._capture
+
+            def capture(eng=eng, original=original):
+                graph = original()
+                graph.step = eng._step_body
+                return graph
+            eng._capture = capture
+        eng.start(ps, 30, TOP_P, generator=torch.Generator().manual_seed(9))
+        for action in actions:
+            eng.rollback(action[1], action[2]) if action[0] == "rollback" else eng.step(force=action[1])
+        results.append(eng.result())
+    assert captured, "the stand-in graph was never captured"
+    eager, graphed = results
+    assert graphed.token_lists() == eager.token_lists()
+    torch.testing.assert_close(graphed.logprobs, eager.logprobs, atol=1e-5, rtol=0)
+    assert torch.equal(graphed.sampled_mask, eager.sampled_mask)
