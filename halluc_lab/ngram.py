@@ -231,7 +231,7 @@ def fit_bigram(counts: torch.Tensor, symbols: tuple[str, ...], k: float = 0.0) -
         names = [symbols[i] for i in unseen[:5]]
         raise ValueError(f"k = 0 leaves contexts never seen in the corpus ({names}) without an MLE "
                          "(0 / 0): use k > 0, or leave those symbols out of the vocabulary")
-    probs = torch.zeros(s, s, dtype=torch.float64)
+    probs = torch.zeros(s, s, dtype=torch.float64, device=c.device)
     probs[:-1, 1:] = smoothed / totals
     probs[-1, -1] = 1.0  # EOS is absorbing
     return NGramLM(symbols=symbols, probs=probs, k=float(k))

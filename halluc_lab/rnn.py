@@ -52,12 +52,12 @@ class RNNConfig:
 
 @dataclass(frozen=True)
 class Trace:
-    """Every intermediate of a forward pass, one tensor per time step (so autograd can reach each)."""
+    """Every intermediate of a forward pass; a_t and h_t one tensor per step, so autograd can reach each."""
 
     a: tuple[torch.Tensor, ...]  # T × (B, H) hidden pre-activations a_1 … a_T
     h: tuple[torch.Tensor, ...]  # (T + 1) × (B, H) hidden states h_0 … h_T
-    z: tuple[torch.Tensor, ...]  # T × (B, R) logits z_1 … z_T
-    p: tuple[torch.Tensor, ...]  # T × (B, R) next-symbol distributions p_1 … p_T
+    z: torch.Tensor  # (B, T, R) logits z_1 … z_T
+    p: torch.Tensor  # (B, T, R) next-symbol distributions p_1 … p_T
 
 
 @dataclass(frozen=True)
@@ -86,6 +86,7 @@ class ElmanLM(nn.Module):
     """
 
     def __init__(self, config: RNNConfig, generator: torch.Generator):
+        """Initialise on the generator's device, from the generator (randomness is explicit)."""
         super().__init__()
         for name in ("vocab_size", "hidden_size"):
             value = getattr(config, name)
@@ -97,11 +98,14 @@ class ElmanLM(nn.Module):
         r, h, p = config.vocab_size, config.hidden_size, config.vocab_size
 
         def init(rows: int, cols: int) -> nn.Parameter:
-            w = torch.randn(rows, cols, generator=generator) * config.init_scale / cols ** 0.5
-            return nn.Parameter(w)
+            w = torch.randn(rows, cols, generator=generator, device=generator.device)
+            return nn.Parameter(w * config.init_scale / cols ** 0.5)
 
-        self.W_xh, self.W_hh, self.b_h = init(h, p), init(h, h), nn.Parameter(torch.zeros(h))
-        self.W_ho, self.b_o = init(r, h), nn.Parameter(torch.zeros(r))
+        def bias(n: int) -> nn.Parameter:
+            return nn.Parameter(torch.zeros(n, device=generator.device))
+
+        self.W_xh, self.W_hh, self.b_h = init(h, p), init(h, h), bias(h)
+        self.W_ho, self.b_o = init(r, h), bias(r)
 
     def trace(self, x: torch.Tensor, h0: torch.Tensor | None = None) -> Trace:
         """The forward pass of 003 §2.2 over inputs x (B, T, p), keeping every intermediate."""
@@ -111,13 +115,16 @@ class ElmanLM(nn.Module):
         h_prev = x.new_zeros(b, hidden) if h0 is None else h0  # (B, H): h_0 = 0 unless given
         if h_prev.shape != (b, hidden):
             raise ValueError(f"h0 must have shape ({b}, {hidden}), got {tuple(h_prev.shape)}")
-        a_s, h_s, z_s, p_s = [], [h_prev], [], []
-        for t in range(x.shape[1]):
-            a = x[:, t] @ self.W_xh.T + h_prev @ self.W_hh.T + self.b_h  # (B, H)
+        # W_xh x_t + b_h does not depend on the past: one product for all t (the same sums as 003's)
+        drive = x @ self.W_xh.T + self.b_h  # (B, T, H)
+        a_s, h_s = [], [h_prev]
+        for t in range(x.shape[1]):  # the recurrence itself is sequential
+            a = drive[:, t] + h_prev @ self.W_hh.T  # (B, H)
             h_prev = torch.tanh(a)  # (B, H)
-            z = h_prev @ self.W_ho.T + self.b_o  # (B, R)
-            a_s.append(a), h_s.append(h_prev), z_s.append(z), p_s.append(torch.softmax(z, dim=-1))
-        return Trace(a=tuple(a_s), h=tuple(h_s), z=tuple(z_s), p=tuple(p_s))
+            a_s.append(a), h_s.append(h_prev)
+        # the outputs depend on h_t alone: again one product for all t
+        z = torch.stack(h_s[1:], dim=1) @ self.W_ho.T + self.b_o  # (B, T, R)
+        return Trace(a=tuple(a_s), h=tuple(h_s), z=z, p=torch.softmax(z, dim=-1))
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """(B, T) token ids -> (B, T, R) logits; position t predicts token t + 1."""
@@ -126,7 +133,7 @@ class ElmanLM(nn.Module):
         if bool((tokens < 0).any()) or bool((tokens >= self.config.vocab_size).any()):
             raise ValueError(f"tokens must be ids in [0, {self.config.vocab_size - 1}]")
         x = F.one_hot(tokens, self.config.vocab_size).to(self.W_xh.dtype)  # (B, T, R)
-        return torch.stack(self.trace(x).z, dim=1)  # (B, T, R)
+        return self.trace(x).z  # (B, T, R)
 
 
 def _check_batch(model: ElmanLM, x: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -156,7 +163,7 @@ def sequence_loss(model: ElmanLM, x: torch.Tensor, targets: torch.Tensor,
         the scalar summed loss (divide by ``mask.sum()`` for the mean per-token cross-entropy).
     """
     mask = _check_batch(model, x, targets, mask)
-    z = torch.stack(model.trace(x, h0).z, dim=1)  # (B, T, R)
+    z = model.trace(x, h0).z  # (B, T, R)
     nll = F.cross_entropy(z.flatten(0, 1), targets.flatten(), reduction="none").view_as(targets)
     return torch.where(mask, nll, torch.zeros_like(nll)).sum()
 
@@ -176,10 +183,9 @@ def bptt(model: ElmanLM, x: torch.Tensor, targets: torch.Tensor,
     tr = model.trace(x, h0)
     n_steps = x.shape[1]
     y = F.one_hot(targets, model.config.vocab_size).to(x.dtype)  # (B, T, R): y_{t+1} one-hot
-    p = torch.stack(tr.p, dim=1)  # (B, T, R)
-    dz = (p - y) * mask[..., None]  # (B, T, R)  (i), zero where masked
+    dz = (tr.p - y) * mask[..., None]  # (B, T, R)  (i), zero where masked
     delta = dz @ model.W_ho  # (B, T, H)  (ii): W_hoᵀ (p - y), as row vectors
-    nll = -torch.log_softmax(torch.stack(tr.z, dim=1), dim=-1).gather(-1, targets[..., None]).squeeze(-1)
+    nll = -torch.log_softmax(tr.z, dim=-1).gather(-1, targets[..., None]).squeeze(-1)
     h = torch.stack(tr.h, dim=1)  # (B, T+1, H): h_0 … h_T
     d = 1 - h[:, 1:] ** 2  # (B, T, H): f'(a_t) = 1 - tanh²(a_t), the diagonal of D_t
     s = torch.zeros_like(delta)  # (B, T, H)
@@ -218,12 +224,14 @@ def autograd_reference(model: ElmanLM, x: torch.Tensor, targets: torch.Tensor,
         h0 = x.new_zeros(x.shape[0], model.W_hh.shape[0])
     with torch.enable_grad():
         tr = model.trace(x, h0.detach().requires_grad_())
-        nll = [F.cross_entropy(z, targets[:, t], reduction="none") * mask[:, t] for t, z in enumerate(tr.z)]
+        nll = [F.cross_entropy(tr.z[:, t], targets[:, t], reduction="none") * mask[:, t] for t in range(x.shape[1])]
         loss = torch.stack(nll).sum()
         params = (model.W_ho, model.b_o, model.W_xh, model.W_hh, model.b_h)
-        out = torch.autograd.grad(loss, [*tr.z, *tr.h[1:], *tr.a, *params], retain_graph=True)
+        # z_t reaches L only through ℓ_t, so ∇ of the stacked z is (i) at every t at once
+        out = torch.autograd.grad(loss, [tr.z, *tr.h[1:], *tr.a, *params], retain_graph=True)
         n = x.shape[1]
-        dz, s, r = (torch.stack(out[i * n:(i + 1) * n], dim=1) for i in range(3))
+        dz = out[0]
+        s, r = (torch.stack(out[1 + i * n:1 + (i + 1) * n], dim=1) for i in range(2))
         # δ_t = ∇_{h_t} ℓ_t: the gradient of the t-th loss term alone
         delta = torch.stack([torch.autograd.grad(nll[t].sum(), tr.h[t + 1], retain_graph=True)[0]
                              for t in range(n)], dim=1)
@@ -232,8 +240,9 @@ def autograd_reference(model: ElmanLM, x: torch.Tensor, targets: torch.Tensor,
             rows = [torch.autograd.grad(tr.h[t + 1][:, i].sum(), tr.h[t], retain_graph=True)[0]
                     for i in range(tr.h[t].shape[1])]
             jac.append(torch.stack(rows, dim=1))  # (B, H, H)
-    grads = Gradients(loss=loss.detach(), dz=dz, delta=delta, s=s, r=r, W_ho=out[3 * n], b_o=out[3 * n + 1],
-                      W_xh=out[3 * n + 2], W_hh=out[3 * n + 3], b_h=out[3 * n + 4])
+    w_ho, b_o, w_xh, w_hh, b_h = out[1 + 2 * n:]
+    grads = Gradients(loss=loss.detach(), dz=dz, delta=delta, s=s, r=r, W_ho=w_ho, b_o=b_o, W_xh=w_xh,
+                      W_hh=w_hh, b_h=b_h)
     return grads, torch.stack(jac, dim=1)
 
 
