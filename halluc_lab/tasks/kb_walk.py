@@ -11,10 +11,11 @@ pairs have no fact at all: the only correct answer there is ``<abstain>``.
 * **A prompt** asks for a chain of K facts: ``e0 r1 r2 r3 =``. The completion walks it,
   one fact at a time in the pre-training format: ``e0 r1 e1 r2 e2 r3 e3``. At the first
   pair without a fact the walk stops: ``e0 r1 e1 r2 <abstain>``.
-* **Splits.** Every (entity, relation) pair is marked visible to SFT or not by a hash.
-  Train chains use visible pairs only; held-out chains use at least one pair the model has
-  seen only in pre-training (or, for a pair without a fact, never). Held-out accuracy thus
-  measures recall of pre-trained facts through a format learned on other facts.
+* **Splits.** Chains are assigned to train or held-out by a hash, so held-out chains are
+  new combinations. Train chains also avoid every rare fact and the fact-less pairs
+  reserved for evaluation: after SFT, a rare fact is still known only from its 1–3
+  pre-training sentences, and a reserved pair was never seen at all, so a held-out chain
+  through either asks the model something it cannot know well.
 * **Claims.** Each step ``r_i x_i`` is one claim about the entity the completion itself
   reached: supported if the knowledge base says so, *contradicted* if the pair has a
   different fact, *unsupported* if the pair has none. Both of the latter are hallucinations.
@@ -50,7 +51,8 @@ class KBWalkConfig:
     common_count: int = 100  # a common fact appears this many times in the pre-training corpus
     facts_per_document: int = 8  # fact sentences per pre-training document
     max_hops: int = 3  # chains have between 1 and max_hops steps
-    sft_visible_fraction: float = 0.5  # fraction of pairs train chains may use
+    heldout_fraction: float = 0.2  # fraction of chains (start, relations) held out
+    train_missing_fraction: float = 0.5  # fraction of fact-less pairs train chains may use (to learn abstaining)
     world_seed: int = 0  # determines names, facts, rarity and the split
 
     def __post_init__(self):
@@ -63,8 +65,9 @@ class KBWalkConfig:
         for name in ("p_missing", "p_rare"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)!r}")
-        if not 0.0 < self.sft_visible_fraction < 1.0:
-            raise ValueError(f"sft_visible_fraction must be in (0, 1), got {self.sft_visible_fraction!r}")
+        for name in ("heldout_fraction", "train_missing_fraction"):
+            if not 0.0 < getattr(self, name) < 1.0:
+                raise ValueError(f"{name} must be in (0, 1), got {getattr(self, name)!r}")
         lo, hi = self.rare_counts
         if not (isinstance(lo, int) and isinstance(hi, int) and 1 <= lo <= hi):
             raise ValueError(f"rare_counts must be (lo, hi) ints with 1 <= lo <= hi, got {self.rare_counts!r}")
@@ -120,9 +123,12 @@ class KBWalk(Task):
         """True for a fact that appears fewer than ``common_count`` times in pre-training."""
         return self.counts.get((entity, relation), 0) < self.config.common_count
 
-    def visible(self, entity: str, relation: str) -> bool:
-        """Whether train chains may use this (entity, relation) pair."""
-        held = split_of(f"{entity} {relation}", 1.0 - self.config.sft_visible_fraction,
+    def usable_in_training(self, entity: str, relation: str) -> bool:
+        """Whether a train chain may look up this pair: a common fact, or a fact-less pair
+        not reserved for evaluation."""
+        if (entity, relation) in self.facts:
+            return not self.is_rare(entity, relation)
+        held = split_of(f"{entity} {relation}", 1.0 - self.config.train_missing_fraction,
                         salt=self.config.world_seed)
         return held == "train"
 
@@ -163,12 +169,14 @@ class KBWalk(Task):
                 k = hops or rng.randint(1, self.config.max_hops)
                 start = rng.choice(self.entities)
                 rels = [rng.choice(self.relations) for _ in range(k)]
-                all_visible = all(self.visible(*p) for p in self._pairs(start, rels))
-                if all_visible == (split == "train"):
+                key = " ".join([start, *rels])
+                if split_of(key, self.config.heldout_fraction, salt=self.config.world_seed) != split:
+                    continue
+                if split == "heldout" or all(self.usable_in_training(*p) for p in self._pairs(start, rels)):
                     break
             else:
-                raise ValueError(f"could not draw a {split} chain in {_MAX_TRIES} tries: "
-                                 f"sft_visible_fraction={self.config.sft_visible_fraction} is too extreme")
+                raise ValueError(f"could not draw a {split} chain in {_MAX_TRIES} tries: the world has too "
+                                 f"few common facts or usable pairs for this split")
             out.append(Example(" ".join([start, *rels, "="]), " ".join(self.walk(start, rels))))
         return out
 

@@ -103,12 +103,14 @@ def test_kb_walk_pretraining_counts_are_exact_and_rare_facts_appear_one_to_three
     assert all(c == 7 for f, c in task.counts.items() if not task.is_rare(*f))
 
 
-def test_kb_walk_heldout_chains_use_a_pair_train_chains_never_use():
+def test_kb_walk_train_chains_avoid_rare_facts_and_reserved_pairs_and_heldout_chains_reach_them():
     task = TASKS[0]
-    for e in task.examples("train", 50, seed=0):
-        assert all(task.visible(*p) for p in task._pairs(e.prompt.split()[0], e.prompt.split()[1:-1]))
-    for e in task.examples("heldout", 50, seed=0):
-        assert not all(task.visible(*p) for p in task._pairs(e.prompt.split()[0], e.prompt.split()[1:-1]))
+    pairs = lambda e: task._pairs(e.prompt.split()[0], e.prompt.split()[1:-1])
+    for e in task.examples("train", 100, seed=0):
+        assert all(task.usable_in_training(*p) for p in pairs(e))
+    held = task.examples("heldout", 300, seed=0)
+    assert any(not task.usable_in_training(*p) for e in held for p in pairs(e))
+    assert any(task.is_rare(*p) for e in held for p in pairs(e) if p in task.facts)
 
 
 def test_kb_walk_claims_flag_hallucinated_steps():
