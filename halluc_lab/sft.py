@@ -122,7 +122,8 @@ def pad(seqs: Sequence[Encoded], pad_id: int, length: int | None = None) -> Batc
 def pack(seqs: Sequence[Encoded], length: int, pad_id: int) -> Batch:
     """Pack sequences into rows of ``length`` tokens: ``[seq1, seq2, ..., pad]`` (000 §5.7).
 
-    First fit, in order: each sequence goes into the first row with room. ``segment_ids``
+    First fit, in order: each sequence goes into the first row with room (rows too full for
+    the shortest sequence are no longer searched). ``segment_ids``
     number the sequences of a row from 1 (padding is 0) so the model attends only within a
     sequence, and ``position_ids`` restart at 0 for each, so a packed sequence is computed
     exactly as it would be alone.
@@ -131,17 +132,21 @@ def pack(seqs: Sequence[Encoded], length: int, pad_id: int) -> Batch:
         raise ValueError("seqs must not be empty")
     if max(len(s.ids) for s in seqs) > length:
         raise ValueError(f"length must be >= the longest sequence ({max(len(s.ids) for s in seqs)}), got {length}")
+    shortest = min(len(s.ids) for s in seqs)
     rows: list[list[Encoded]] = []
     room: list[int] = []
+    open_rows: list[int] = []  # rows that can still take the shortest sequence, in order
     for s in seqs:
-        for r in range(len(rows)):
-            if room[r] >= len(s.ids):
-                rows[r].append(s)
-                room[r] -= len(s.ids)
-                break
-        else:
-            rows.append([s])
-            room.append(length - len(s.ids))
+        r = next((r for r in open_rows if room[r] >= len(s.ids)), None)
+        if r is None:
+            r = len(rows)
+            rows.append([])
+            room.append(length)
+            open_rows.append(r)
+        rows[r].append(s)
+        room[r] -= len(s.ids)
+        if room[r] < shortest:
+            open_rows.remove(r)
     ids = torch.full((len(rows), length), pad_id, dtype=torch.long)  # (B, T)
     labels = torch.full((len(rows), length), IGNORE, dtype=torch.long)  # (B, T)
     pos = torch.zeros((len(rows), length), dtype=torch.long)  # (B, T)
@@ -307,3 +312,53 @@ def scheduled_sampling(model: torch.nn.Module, batch: Batch, rate: float, genera
     ids = batch.input_ids.clone()  # (B, T)
     ids[:, 1:] = torch.where(swap, pred, batch.input_ids[:, 1:])
     return Batch(ids, batch.labels, batch.position_ids, batch.segment_ids)
+
+
+# -- evaluation: free-running against teacher-forced (000 §7.1) -------------------------------------
+def complete(model: torch.nn.Module, tok: Tokenizer, prompts: Sequence[str], max_new_tokens: int, *,
+             greedy: bool = True, temperature: float = 1.0, generator: torch.Generator | None = None,
+             dtype: torch.dtype | None = None, chunk: int = 512) -> list[str]:
+    """Free-running completions of ``<bos> prompt`` through :func:`halluc_lab.engine.generate`,
+    stopped at ``<eos>`` (kept in the text), ``chunk`` prompts at a time."""
+    from halluc_lab.engine import generate
+
+    was_training = model.training
+    model.eval()
+    out: list[str] = []
+    for i in range(0, len(prompts), chunk):
+        ids = [[tok.bos_id, *tok.encode(p)] for p in prompts[i:i + chunk]]
+        res = generate(model, ids, max_new_tokens, greedy=greedy, temperature=temperature,
+                       stop_tokens=(tok.eos_id,), generator=generator, dtype=dtype)
+        out += [tok.decode(t) for t in res.token_lists()]
+    model.train(was_training)
+    return out
+
+
+@dataclass(frozen=True)
+class TeacherForced:
+    """Per completion token (``<eos>`` included), given the gold prefix: is the argmax right, and
+    the log-probability of the gold token."""
+
+    correct: list[list[bool]]  # one list per example
+    logprobs: list[list[float]]  # log p_θ(y_t | x, y_<t), one list per example
+
+
+@torch.no_grad()
+def teacher_forced(model: torch.nn.Module, tok: Tokenizer, examples: Sequence[Example]) -> TeacherForced:
+    """Score the gold completions position by position with the gold prefix (teacher forcing, 002).
+
+    A greedy free-running completion equals the gold one exactly when every ``correct`` entry
+    of its example is True, and sampling at temperature 1 writes the gold completion with
+    probability ``exp(sum(logprobs))``.
+    """
+    was_training = model.training
+    model.eval()
+    b = pad([encode_example(tok, e) for e in examples], tok.pad_id).to(next(model.parameters()).device)
+    logp = torch.log_softmax(model(b.input_ids).float(), dim=-1)[:, :-1]  # (B, T-1, V) predicting t+1
+    target = b.input_ids[:, 1:]  # (B, T-1)
+    gold_lp = logp.gather(-1, target[..., None])[..., 0]  # (B, T-1)
+    hit = logp.argmax(-1) == target  # (B, T-1)
+    mask = (b.labels[:, 1:] != IGNORE).tolist()
+    model.train(was_training)
+    pick = lambda rows: [[v for v, m in zip(r, mr) if m] for r, mr in zip(rows, mask)]
+    return TeacherForced(pick(hit.tolist()), pick(gold_lp.tolist()))

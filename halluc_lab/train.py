@@ -93,7 +93,7 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
     """
     if not isinstance(step, int) or not 0 <= step <= cfg.steps:
         raise ValueError(f"step must be an int in [0, {cfg.steps}], got {step!r}")
-    if step <= cfg.warmup_steps:
+    if step <= cfg.warmup_steps and cfg.warmup_steps > 0:  # W = 0: no warmup, the cosine starts at t = 0
         return cfg.lr * step / cfg.warmup_steps
     return cfg.lr * 0.5 * (1.0 + math.cos(math.pi * (step - cfg.warmup_steps) / (cfg.steps - cfg.warmup_steps)))
 

@@ -189,3 +189,52 @@ def test_scheduled_sampling_replaces_only_completion_inputs_and_keeps_gold_label
 def test_scheduled_sampling_rate_out_of_range_raises():
     with pytest.raises(ValueError, match="rate"):
         scheduled_sampling(TinyLM(TinyConfig(vocab_size=TOK.vocab_size)), _batch(), 1.2, torch.Generator())
+
+
+# -- with the lab's model ----------------------------------------------------------------------
+def _model(seed=0):
+    from halluc_lab.model import ModelConfig, Transformer
+
+    cfg = ModelConfig(vocab_size=TOK.vocab_size, hidden_size=32, n_layers=2, n_heads=4, n_kv_heads=2,
+                      max_positions=64, init_std=0.1)
+    return Transformer(cfg, seed=seed).eval()
+
+
+def test_packed_logits_equal_the_logits_of_each_sequence_alone():
+    model = _model()
+    seqs = [encode_example(TOK, e) for e in TASK.examples("train", 10, seed=0)]
+    packed, alone = pack(seqs, 40, TOK.pad_id), pad(seqs, TOK.pad_id)
+    assert packed.input_ids.shape[0] < len(seqs)
+    with torch.no_grad():
+        z_packed = model(packed.input_ids, segment_ids=packed.segment_ids, position_ids=packed.position_ids)
+        z_alone = model(alone.input_ids)
+    for r in range(packed.input_ids.shape[0]):
+        for s in set(packed.segment_ids[r].tolist()) - {0}:
+            where = (packed.segment_ids[r] == s).nonzero().flatten()
+            i = next(i for i, e in enumerate(seqs) if tuple(packed.input_ids[r, where].tolist()) == e.ids)
+            torch.testing.assert_close(z_packed[r, where], z_alone[i, :len(where)], rtol=1e-5, atol=1e-5)
+
+
+def test_packed_and_padded_batches_give_the_same_loss():
+    model = _model(1)
+    seqs = [encode_example(TOK, e) for e in TASK.examples("train", 10, seed=1)]
+    packed, alone = pack(seqs, 40, TOK.pad_id), pad(seqs, TOK.pad_id)
+    with torch.no_grad():
+        a = causal_lm_loss(model(packed.input_ids, **packed.model_kwargs()), packed.labels)
+        b = causal_lm_loss(model(alone.input_ids), alone.labels)
+    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_greedy_completion_is_what_teacher_forcing_predicts():
+    from halluc_lab.sft import complete, teacher_forced
+
+    model = _model(2)
+    prompts = [e.prompt for e in TASK.examples("train", 6, seed=2)]
+    outs = complete(model, TOK, prompts, 5)
+    for p, o in zip(prompts, outs):
+        words = o.split()
+        body = words[:-1] if words[-1] == "<eos>" else words
+        tf = teacher_forced(model, TOK, [Example(p, " ".join(body))])
+        n = len(words)  # the generated tokens, <eos> included when it was generated
+        assert all(tf.correct[0][:n])
+        assert all(lp <= 0 for lp in tf.logprobs[0])

@@ -42,6 +42,8 @@ def test_schedule_matches_the_document_formula_and_hugging_face():
     for t in range(cfg.steps + 1):  # HF evaluates the same function at t = 0, 1, ...
         assert lr_at(t, cfg) == pytest.approx(cfg.lr * hf.lr_lambdas[0](t), abs=1e-15)
     assert lr_at(7, cfg) == cfg.lr and lr_at(50, cfg) == pytest.approx(0.0, abs=1e-18)
+    no_warmup = TrainConfig(steps=10, lr=1.0, warmup_steps=0)
+    assert lr_at(0, no_warmup) == 1.0 and lr_at(5, no_warmup) == pytest.approx(0.5)
 
 
 def test_reference_adamw_matches_torch_adamw():
