@@ -1,5 +1,7 @@
 """Chapter 5 (positional encodings): what the smoke run of notebooks/05_positional.ipynb must show."""
 
+import math
+
 import pytest
 
 NOTEBOOK = "05_positional"
@@ -12,3 +14,27 @@ def test_claims_disagree_only_where_the_errata_say(glue):
     assert glue["positional_rope_disagreements"] == 0
     assert glue["positional_extension_disagreements"] == 3  # "high i = high frequency", YaRN reversed, §7.6.3
     assert glue["positional_disagreements"] == 5
+
+
+METHODS = ("none", "pi", "ntk", "yarn")
+
+
+def test_long_context_model_learns_well_above_chance(glue):
+    chance = 64.0  # V: perplexity of a uniform guess; the data's best is 1.99
+    assert glue["positional_lc_final_train_loss"] < math.log(chance) - 0.5
+    assert glue["positional_lc_ppl_in_window"] < chance / 2
+
+
+def test_training_on_longer_sequences_lowers_perplexity_beyond_the_window(glue):
+    assert glue["positional_lc_none_ft_8L_beyond"] < glue["positional_lc_none_8L_beyond"]
+
+
+def test_long_context_experiment_reports_every_method_and_length(glue):
+    for method in METHODS:
+        for mult in (2, 4, 8):
+            for where in ("beyond", "within"):
+                value = glue[f"positional_lc_{method}_{mult}L_{where}"]
+                assert 1.0 < value < 64.0 * 4, (method, mult, where, value)
+        for mult in (4, 8):
+            assert 1.0 < glue[f"positional_lc_{method}_ft_{mult}L_beyond"] < 64.0 * 4
+
