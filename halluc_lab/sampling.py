@@ -20,9 +20,10 @@ Where this departs from the documents (the chapter shows each):
 - Top-p follows 000 Definition 7: the smallest set, in decreasing probability, whose mass is
   ≥ p, so the token that crosses p is kept. 000 §4.5's prose and 002 say "exceeds p", and
   002's ``nucleus_sampling`` (``cumulative <= p``) drops the crossing token (see the errata).
-- ``sample`` draws with the Gumbel-max trick (argmax of log p + Gumbel noise), which has the
-  same distribution as ``torch.multinomial`` on the probabilities but, unlike it, needs no
-  check on the host.
+- ``gumbel_max_sample`` defines sampling: ``filter_logits``, then the Gumbel-max trick, which has
+  the distribution of ``torch.multinomial`` but, unlike it, needs no check on the host. ``sample``
+  (what the engine calls) draws from it in a third to a half of the kernels: it sorts once
+  and races exponentials over the ranks (its comments say why), so with a filter its tokens differ.
 - The beam-search score is 000 §4.2's sum of log-probs plus λ·len, an additive length bonus
   (not a division by the length); a hypothesis that has emitted EOS keeps its slot in the beam
   and its score, where Hugging Face moves it out and refills the beam.
@@ -209,7 +210,7 @@ def top_p_filter(logits: torch.Tensor, p: float | torch.Tensor, *, validate: boo
                    validate=validate)
 
     def keep(sorted_logits: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
-        probs = softmax(sorted_logits, validate=False)  # (..., V), decreasing
+        probs = torch.softmax(_work(sorted_logits), dim=-1)  # (..., V), decreasing; as sample() computes it
         cumulative = probs.cumsum(dim=-1)  # (..., V)
         mass_above = torch.cat([torch.zeros_like(cumulative[..., :1]), cumulative[..., :-1]], dim=-1)
         # p = 1 keeps all, even where rounding makes the mass above the last token reach 1.
@@ -233,24 +234,10 @@ def filter_logits(logits: torch.Tensor, temperature: Param = 1.0, top_k: int | t
     return z
 
 
-def sample(logits: torch.Tensor, temperature: Param = 1.0, top_k: int | torch.Tensor | None = None,
-           top_p: float | torch.Tensor | None = None, generator: torch.Generator | None = None, *,
-           validate: bool = True) -> torch.Tensor:
-    """Draw one token per row from softmax(filter_logits(...)) (000 §4.3–4.5, 001 eq. 10).
-
-    Args:
-        logits: (..., V).
-        temperature, top_k, top_p: see :func:`filter_logits`; None skips a filter.
-        generator: a ``torch.Generator`` on the logits' device; the same state gives the same tokens.
-
-    Returns:
-        (...) token ids (int64).
-
-    Example:
-        >>> g = torch.Generator().manual_seed(0)
-        >>> sample(torch.tensor([[2.0, 1.0, 0.1]] * 4), temperature=0.5, generator=g).shape
-        torch.Size([4])
-    """
+def gumbel_max_sample(logits: torch.Tensor, temperature: Param = 1.0, top_k: int | torch.Tensor | None = None,
+                      top_p: float | torch.Tensor | None = None, generator: torch.Generator | None = None, *,
+                      validate: bool = True) -> torch.Tensor:
+    """The definition of :func:`sample` (same arguments and distribution, other draws): Gumbel-max."""
     z = filter_logits(logits, temperature, top_k, top_p, validate=validate)  # (..., V)
     # Gumbel-max: argmax_v (log p_v + G_v) with G_v = -log(-log U_v) i.i.d. is distributed as p.
     # log p_v and z_v differ by a per-row constant, which the argmax ignores.
@@ -258,6 +245,73 @@ def sample(logits: torch.Tensor, temperature: Param = 1.0, top_k: int | torch.Te
     u = u.clamp_min(torch.finfo(z.dtype).tiny)  # U = 0 would give -inf noise (probability 2^-24)
     gumbel = -torch.log(-torch.log(u))  # (..., V)
     return (z + gumbel).argmax(dim=-1)
+
+
+def _ranked_probs(logits: torch.Tensor, temperature: Param, top_k: int | torch.Tensor | None,
+                  top_p: float | torch.Tensor | None, validate: bool
+                  ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """What :func:`sample` draws from: rank r (token ``order[..., r]``, or token r if ``order`` is None)
+    has probability ``probs[..., r]`` (..., W) within the top-k set, and top-p drops rank r + 1 where
+    ``drop[..., r]`` (..., W - 1) (None: drops nothing). Fixed shapes, no host sync."""
+    _check_logits(logits, validate)
+    tau = _temperature(temperature, logits, validate)
+    k = None if top_k is None else _row_param(top_k, "k", logits, "[1, inf)", lambda x: x >= 1, integer=True,
+                                              validate=validate)
+    p = None if top_p is None else _row_param(top_p, "p", logits, "(0, 1]", lambda x: (x > 0) & (x <= 1),
+                                              integer=False, validate=validate)
+    V, fixed_k, fixed_p = logits.shape[-1], not isinstance(k, torch.Tensor), not isinstance(p, torch.Tensor)
+    k = None if fixed_k and k is not None and k >= V else k  # filters that keep every token cost nothing
+    p = None if fixed_p and p is not None and p >= 1 else p
+    fixed_tau = not isinstance(tau, torch.Tensor) and tau == 1
+    z = _work(logits) if fixed_tau else _work(logits) / tau  # (..., V); z / 1 is z
+    if k is None and p is None:
+        return torch.softmax(z, dim=-1), None, None
+    # Rank space, never scattered back: sample a rank, then read its token from `order`. The stable
+    # sort breaks ties towards the lower index as top_k_filter does, so top-k is the first k ranks,
+    # and top-p then sees what top_p_filter's own sort sees (the same values, -inf past rank k):
+    # bitwise the same softmax and cumsum, so the same kept set.
+    ranked, order = z.sort(dim=-1, descending=True, stable=True)  # (..., V) each
+    if not fixed_k:
+        ranked = ranked.masked_fill(torch.arange(V, device=z.device) >= k, -math.inf)
+    elif k is not None and p is None:
+        ranked, order = ranked[..., :k], order[..., :k]  # (..., k) views: no kernel
+    elif k is not None:
+        ranked[..., k:].fill_(-math.inf)
+    probs = torch.softmax(ranked, dim=-1)  # (..., W)
+    if p is None:
+        return probs, None, order
+    # Definition 7 keeps rank r + 1 while the ranks above it hold < p (top_p_filter's mass_above
+    # without its cat); p ≥ 1 keeps every rank, as there.
+    drop = probs.cumsum(dim=-1)[..., :-1] >= p  # (..., W - 1)
+    return probs, (drop if fixed_p else drop & (p < 1)), order
+
+
+def sample(logits: torch.Tensor, temperature: Param = 1.0, top_k: int | torch.Tensor | None = None,
+           top_p: float | torch.Tensor | None = None, generator: torch.Generator | None = None, *,
+           validate: bool = True) -> torch.Tensor:
+    """Draw one token per row from softmax(filter_logits(...)) (000 §4.3–4.5, 001 eq. 10).
+
+    The distribution of :func:`gumbel_max_sample` in a third to a half of its kernels (what a decode
+    graph pays for). Knobs as in :func:`filter_logits` (None skips a filter); ``generator`` on the
+    logits' device: the same state gives the same tokens. Returns (...) token ids (int64).
+
+    Example:
+        >>> g = torch.Generator().manual_seed(0)
+        >>> sample(torch.tensor([[2.0, 1.0, 0.1]] * 4), temperature=0.5, generator=g).shape
+        torch.Size([4])
+    """
+    probs, drop, order = _ranked_probs(logits, temperature, top_k, top_p, validate)  # (..., W)
+    # The exponential race: for E_r ~ Exp(1) i.i.d., E_r / p_r ~ Exp(p_r), and the least of independent
+    # exponentials is the r-th with probability p_r / Σ p (the chapter's proof of Gumbel-max, whose noise
+    # is -log E): the least E / p samples the kept ranks in proportion to p, unrenormalised. E = -log U,
+    # U on [tiny, 1) (gumbel_max_sample's clamped U, in one kernel), is finite and > 0, so p / log U is
+    # ≤ 0, never NaN; its argmin wins, and a dropped rank set to 0 never does (rank 0 is kept, < 0).
+    u = torch.empty_like(probs).uniform_(torch.finfo(probs.dtype).tiny, 1.0, generator=generator)  # (..., W)
+    race = probs / u.log_()  # (..., W)
+    if drop is not None:
+        race[..., 1:].masked_fill_(drop, 0.0)
+    rank = race.argmin(dim=-1, keepdim=True)  # (..., 1)
+    return (rank if order is None else order.gather(-1, rank))[..., 0]
 
 
 # --- the generation loop and beam search (000 §6.1, §4.2) --------------------------------------

@@ -220,13 +220,17 @@ def test_filters_keep_dtype_and_leading_dimensions():
 
 # --- sampling ----------------------------------------------------------------------------------
 
+SAMPLERS = pytest.mark.parametrize("sampler", [S.sample, S.gumbel_max_sample], ids=["fast", "reference"])
+
+
+@SAMPLERS
 @pytest.mark.parametrize("top_k, top_p", [(None, None), (3, None), (None, 0.8), (4, 0.9)])
-def test_sampling_frequencies_converge_to_the_probabilities(top_k, top_p):
+def test_sampling_frequencies_converge_to_the_probabilities(sampler, top_k, top_p):
     z = torch.tensor([1.5, 1.0, 0.2, -0.3, 0.0, -1.0])
     probs = S.softmax(S.filter_logits(z, 0.8, top_k, top_p)).double()
     n = 40_000
     g = torch.Generator().manual_seed(1234)
-    draws = S.sample(z.expand(n, -1), 0.8, top_k, top_p, generator=g)
+    draws = sampler(z.expand(n, -1), 0.8, top_k, top_p, generator=g)
     counts = torch.bincount(draws, minlength=len(z)).double()
     kept = probs > 0
     assert counts[~kept].sum() == 0  # nothing outside the kept set, ever
@@ -235,18 +239,115 @@ def test_sampling_frequencies_converge_to_the_probabilities(top_k, top_p):
     assert chi2.pvalue > 1e-3, chi2
 
 
-def test_sample_is_deterministic_given_a_generator():
+@SAMPLERS
+def test_sample_is_deterministic_given_a_generator(sampler):
     z = random_logits((64, 20), 5)
-    draw = lambda seed: S.sample(z, 1.3, top_k=10, top_p=0.95, generator=torch.Generator().manual_seed(seed))
+    draw = lambda seed: sampler(z, 1.3, top_k=10, top_p=0.95, generator=torch.Generator().manual_seed(seed))
     assert torch.equal(draw(7), draw(7))
     assert not torch.equal(draw(7), draw(8))
     assert draw(7).shape == (64,) and draw(7).dtype == torch.long
 
 
-def test_sample_never_draws_a_masked_token():
+@SAMPLERS
+@pytest.mark.parametrize("top_k, top_p", [(None, None), (5, None), (5, 1.0), (None, 0.999999), (6, 0.999999)])
+def test_sample_never_draws_a_masked_token(sampler, top_k, top_p):
     z = random_logits((2000, 6), 6, masked=4)
-    draws = S.sample(z, 5.0, generator=torch.Generator().manual_seed(0))
+    draws = sampler(z, 5.0, top_k, top_p, generator=torch.Generator().manual_seed(0))
     assert ((draws == 0) | (draws == 5)).all()
+
+
+# --- the fast path (sample) against the definition (filter_logits, gumbel_max_sample) ---------------
+
+def implied_distribution(logits, tau, k, p):
+    """softmax(filter_logits(...)) as the fast path sees it: ranked probabilities, top-p's drops, order."""
+    probs, drop, order = S._ranked_probs(logits, tau, k, p, validate=True)  # (..., W)
+    w = probs.clone()
+    if drop is not None:
+        w[..., 1:] = w[..., 1:].masked_fill(drop, 0.0)
+    if order is not None:
+        w = torch.zeros(logits.shape, dtype=w.dtype).scatter(-1, order, w)  # back to token order
+    return w / w.sum(-1, keepdim=True)
+
+
+def partial_sums(logits, tau, k):
+    """Per row, the cumulative masses that top_p_filter compares p with (top-k applied first)."""
+    z = S.filter_logits(logits, tau, k, None)
+    return torch.softmax(z.sort(dim=-1, descending=True, stable=True).values, -1).cumsum(-1)  # (..., V)
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=seeds, V=st.one_of(st.integers(1, 12), st.sampled_from([100, 513])),  # long rows: vectorised sums
+       dtype=st.sampled_from([torch.float32, torch.float64]),
+       ties=st.booleans(), masked=st.integers(0, 3), per_row=st.booleans(),
+       tau=st.sampled_from([1.0, 0.6, 2.5]), k=st.sampled_from([None, 1, 2, 5, 20, 50]),
+       p_mode=st.sampled_from([None, "random", "on a partial sum", "one"]))
+def test_fast_path_keeps_exactly_the_reference_set_with_the_same_probabilities(
+        seed, V, dtype, ties, masked, per_row, tau, k, p_mode):
+    g = torch.Generator().manual_seed(seed)
+    z = (torch.randint(0, 3, (4, V), generator=g).to(dtype) if ties  # tied logits test top-k's tie rule
+         else torch.randn(4, V, generator=g, dtype=dtype) * 3)
+    z[:, 1:1 + masked] = -math.inf
+    if p_mode is None:
+        p = None
+    elif p_mode == "one":
+        p = 1.0
+    elif p_mode == "random":
+        p = float(torch.rand((), generator=g, dtype=torch.float64)) * 0.99 + 0.01
+    else:  # p lands exactly on a cumulative mass: the ≥ p boundary of Definition 7
+        j = int(torch.randint(0, V, (), generator=g))
+        p = float(partial_sums(z[:1], tau, k)[0, j])
+        assume(0 < p <= 1)
+    if per_row:  # one knob per row, as tensors
+        tau = torch.full((4,), tau, dtype=dtype)
+        k = None if k is None else torch.tensor([k, 1, k + 3, V])
+        p = None if p is None else torch.tensor([p, 1.0, 0.5, p], dtype=dtype)
+    want = S.softmax(S.filter_logits(z, tau, k, p))  # (4, V)
+    got = implied_distribution(z, tau, k, p)
+    assert torch.equal(got > 0, want > 0)  # the same kept set, bit for bit
+    assert torch.allclose(got, want, rtol=0, atol=1e-12 if dtype == torch.float64 else 1e-6)
+
+
+@pytest.mark.parametrize("k", [3, 10, 40])
+def test_fast_path_agrees_with_top_p_filter_with_p_on_every_partial_sum(k):
+    # Every row's p is one of its own cumulative masses, so every row sits on Definition 7's ≥ p
+    # boundary, where a last-bit difference in the masses would change the kept set.
+    z = random_logits((600, 100), 12, dtype=torch.float32)
+    masses = partial_sums(z, 0.7, k)  # (600, 100)
+    p = masses[torch.arange(600), torch.arange(600) % k].clamp_max(1.0)  # (600,)
+    want = S.softmax(S.filter_logits(z, 0.7, k, p)) > 0
+    assert torch.equal(implied_distribution(z, 0.7, k, p) > 0, want)
+    assert torch.equal(implied_distribution(z, 0.7, torch.full((600,), k), p) > 0, want)
+
+
+def test_fast_path_with_p_of_one_keeps_a_token_whose_mass_rounds_away():
+    z = torch.tensor([[0.0, -30.0]])  # p(second) = 9e-14: the mass above it rounds to 1 in float32
+    for p in (1.0, torch.tensor([1.0])):
+        assert (implied_distribution(z, 1.0, None, p) > 0).all()
+        assert (implied_distribution(z, 1.0, torch.tensor([2]), p) > 0).all()
+
+
+@SAMPLERS
+def test_per_row_knobs_sample_each_rows_own_distribution(sampler):
+    z = torch.tensor([1.5, 1.0, 0.2, -0.3, 0.0, -1.0])
+    knobs = [(0.8, 3, 1.0), (1.0, 6, 0.8), (2.0, 4, 0.9)]  # (τ, k, p) per block of rows
+    n = 20_000
+    taus, ks, ps = (torch.tensor([c[i] for c in knobs]).repeat_interleave(n) for i in range(3))
+    draws = sampler(z.expand(3 * n, -1), taus, ks, ps, generator=torch.Generator().manual_seed(99))
+    for i, (tau, k, p) in enumerate(knobs):
+        probs = S.softmax(S.filter_logits(z, tau, k, p)).double()
+        counts = torch.bincount(draws[i * n:(i + 1) * n], minlength=len(z)).double()
+        kept = probs > 0
+        assert counts[~kept].sum() == 0
+        chi2 = stats.chisquare(counts[kept].numpy(), (n * probs[kept] / probs[kept].sum()).numpy())
+        assert chi2.pvalue > 1e-3, (i, chi2)
+
+
+def test_fast_sample_keeps_leading_dimensions_and_takes_half_precision():
+    z = random_logits((2, 3, 7), 11, dtype=torch.bfloat16)
+    for k, p in [(None, None), (3, None), (None, 0.7), (2, 0.9), (torch.full((2, 3), 4), torch.full((2, 3), 0.5))]:
+        draws = S.sample(z, 0.9, k, p, generator=torch.Generator().manual_seed(0))
+        assert draws.shape == (2, 3) and draws.dtype == torch.long
+        assert torch.isfinite(S.filter_logits(z, 0.9, k, p).gather(-1, draws[..., None])).all()
 
 
 # --- decode and beam search --------------------------------------------------------------------
@@ -358,9 +459,11 @@ def test_bad_temperature_raises_naming_the_range(tau):
         S.softmax(Z, tau)
     with pytest.raises(ValueError, match="temperature"):
         S.sample(Z, tau)
+    with pytest.raises(ValueError, match="temperature"):
+        S.gumbel_max_sample(Z, tau)
 
 
-@pytest.mark.parametrize("fn", [S.softmax, S.log_softmax, S.entropy, S.greedy, S.sample])
+@pytest.mark.parametrize("fn", [S.softmax, S.log_softmax, S.entropy, S.greedy, S.sample, S.gumbel_max_sample])
 @pytest.mark.parametrize("bad, match", [(math.nan, "NaN"), (math.inf, r"\+inf")])
 def test_nan_or_positive_inf_logits_raise(fn, bad, match):
     z = Z.clone()
@@ -379,12 +482,16 @@ def test_a_row_with_no_finite_logit_raises():
 def test_k_below_one_raises(k):
     with pytest.raises(ValueError, match=r"k must be in \[1, inf\)"):
         S.top_k_filter(Z, k)
+    with pytest.raises(ValueError, match=r"k must be in \[1, inf\)"):
+        S.sample(Z, top_k=k)
 
 
 @pytest.mark.parametrize("p", [0.0, -0.1, 1.5, math.nan])
 def test_p_outside_zero_one_raises(p):
     with pytest.raises(ValueError, match=r"p must be in \(0, 1\]"):
         S.top_p_filter(Z, p)
+    with pytest.raises(ValueError, match=r"p must be in \(0, 1\]"):
+        S.sample(Z, top_p=p)
 
 
 def test_wrong_types_raise_type_errors():
@@ -436,6 +543,9 @@ def test_batched_path_never_synchronises_with_the_host():
     torch.cuda.set_sync_debug_mode("error")
     try:
         S.sample(z, 0.7, top_k=50, top_p=0.9, generator=g, validate=False)
+        taus, ks, ps = (torch.full((8,), v, device="cuda") for v in (0.7, 50, 0.9))  # one knob per row
+        S.sample(z, taus, ks.long(), ps, generator=g, validate=False)
+        S.sample(z, 0.7, generator=g, validate=False)
         S.greedy(z, validate=False)
         S.top_k_filter(z, torch.full((8,), 5, device="cuda"), validate=False)
         S.top_p_filter(z, torch.full((8,), 0.5, device="cuda"), validate=False)
