@@ -16,10 +16,12 @@ exists at both scales (``recipes.get(name, "smoke")``).
 
 **Cache.** Checkpoints live in ``$HALLUC_CACHE/recipes/<name>/<key>/``; without
 ``$HALLUC_CACHE``, in ``$XDG_CACHE_HOME/halluc_lab`` or ``~/.cache/halluc_lab``. The key is a
-hash of the whole recipe (its parent included), :data:`FORMAT_VERSION` and the autocast
-dtype, so a changed config trains afresh and never loads another's weights. Bump
-:data:`FORMAT_VERSION` whenever code that shapes the trained weights changes (the loop, the
-loss, the data pipeline, the model). A directory is complete only once its ``DONE`` marker
+hash of the whole recipe (its parent included), the autocast dtype, :data:`FORMAT_VERSION`
+and :func:`code_fingerprint` — a hash of the code that shapes the trained weights (the
+model, the loop, the loss, the data pipeline, the tasks) with comments, docstrings and
+formatting left out. So a changed config or a changed line of that code trains afresh and
+never loads another's weights; editing prose does not. Bump :data:`FORMAT_VERSION` for a
+change the fingerprint cannot see (a new library version that computes differently). A directory is complete only once its ``DONE`` marker
 is written; an interrupted run resumes from its last checkpoint; a file lock keeps two
 processes from training the same recipe at once. The model directory holds a Hugging
 Face checkpoint and tokenizer (``AutoModelForCausalLM``/``AutoTokenizer`` load it).
@@ -27,10 +29,12 @@ Face checkpoint and tokenizer (``AutoModelForCausalLM``/``AutoTokenizer`` load i
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import dataclasses
 import datetime
 import hashlib
+import importlib.util
 import json
 import os
 import random
@@ -84,19 +88,24 @@ class Recipe:
 def _task_config(task: str, scale: str) -> TaskConfig:
     full = scale == "full"
     if task == "kb_walk":
-        return KBWalkConfig(n_entities=200 if full else 24, n_relations=8 if full else 4,
-                            common_count=1500 if full else 600, facts_per_document=7, max_hops=4 if full else 3)
+        return KBWalkConfig(n_entities=120 if full else 24, n_relations=6 if full else 4,
+                            common_count=3400 if full else 600, facts_per_document=7, max_hops=4 if full else 3)
     if task == "arithmetic":
         return ArithmeticConfig(max_digits=3 if full else 2, reverse_output=False,
-                                n_pretrain_documents=200_000 if full else 4000, equations_per_document=3)
+                                n_pretrain_documents=192_000 if full else 4000, equations_per_document=3)
     return PathStarConfig(degree=2, path_length=5 if full else 4, n_nodes=30 if full else 16,
-                          n_pretrain_documents=200_000 if full else 6000)
+                          n_pretrain_documents=192_000 if full else 6000)
 
 
 def _sft_steps(task: str, scale: str) -> int:
     if scale == "full":
-        return 1200
+        return 400
     return 250 if task == "kb_walk" else 300
+
+
+def _batch_size(scale: str) -> int:
+    """Packed rows per step: large on a GPU, where a step costs about the same whatever its size."""
+    return 128 if scale == "full" else 16
 
 
 def _model_config(vocab_size: int, scale: str) -> ModelConfig:
@@ -125,14 +134,14 @@ def get(name: str, scale: str) -> Recipe:
         return Recipe(name, scale, tcfg, mcfg, TrainConfig(steps=steps, lr=2e-3 if full else 5e-3,
                                                            warmup_steps=min(100, steps // 10), weight_decay=0.0,
                                                            log_every=50),
-                      batch_size=64 if full else 16, seq_len=seq_len, seed=0)
+                      batch_size=_batch_size(scale), seq_len=seq_len, seed=0)
     parent = get(f"{task}-pretrain", scale)
     steps = _sft_steps(task, scale)
     return Recipe(name, scale, tcfg, mcfg,
                   TrainConfig(steps=steps, lr=1e-3 if full else 3e-3, warmup_steps=steps // 20, weight_decay=0.0,
                               log_every=50),
-                  batch_size=64 if full else 16, seq_len=seq_len, parent=parent,
-                  n_examples=60_000 if full else 3000, replay_fraction=0.5 if task == "kb_walk" else 0.0,
+                  batch_size=_batch_size(scale), seq_len=seq_len, parent=parent,
+                  n_examples=(150_000 if task == "arithmetic" else 50_000) if full else 3000, replay_fraction=0.5 if task == "kb_walk" else 0.0,
                   backspace=BackspaceConfig(rate=0.1) if stage == "sft-backspace" else None,
                   scheduled_sampling=0.25 if stage == "sft-scheduled" else 0.0, seed=1)
 
@@ -140,8 +149,8 @@ def get(name: str, scale: str) -> Recipe:
 def _pretrain_steps(task: str, scale: str) -> int:
     """Pre-training is exactly one pass over the corpus (so a rare kb_walk fact is seen 1–3 times)."""
     full = scale == "full"
-    rows = _pretrain_rows(_task_config(task, scale), 128 if full else 64, seed=0).input_ids.shape[0]
-    return rows // (64 if full else 16)
+    rows = _pretrain_rows(_task_config(task, scale), 128 if full else 64, 0).input_ids.shape[0]
+    return rows // _batch_size(scale)
 
 
 NAMES = tuple(f"{t}-{s}" for t in TASKS for s in STAGES)
@@ -193,10 +202,42 @@ def _canonical(recipe: Recipe) -> dict:
     return d
 
 
+# The modules whose code determines a recipe's trained weights.
+WEIGHT_MODULES = ("model", "attention", "positional", "sampling", "train", "sft", "tokenizer", "recipes",
+                  "tasks.base", "tasks.kb_walk", "tasks.arithmetic", "tasks.path_star")
+
+
+def _strip_docstrings(tree: ast.AST) -> ast.AST:
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body
+                and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+                and isinstance(body[0].value.value, str)):
+            node.body = body[1:] or [ast.Pass()]
+    return tree
+
+
+@lru_cache(maxsize=1)
+def code_fingerprint() -> str:
+    """A hash of the syntax trees of :data:`WEIGHT_MODULES` without docstrings (comments and
+    layout are not in the tree): it changes when their code does, not when their prose does."""
+    h = hashlib.sha256()
+    for name in WEIGHT_MODULES:
+        spec = importlib.util.find_spec(f"halluc_lab.{name}")
+        with open(spec.origin, encoding="utf-8") as f:
+            tree = _strip_docstrings(ast.parse(f.read()))
+        h.update(name.encode() + b"\0" + ast.dump(tree).encode())
+    return h.hexdigest()[:16]
+
+
+def _identity(recipe: Recipe, dtype: torch.dtype) -> dict:
+    """Everything the cache key covers, as plain data."""
+    return {"format": FORMAT_VERSION, "code": code_fingerprint(), "dtype": str(dtype), "recipe": _canonical(recipe)}
+
+
 def key(recipe: Recipe, dtype: torch.dtype = torch.float32) -> str:
-    """The cache key: a hash of the recipe, :data:`FORMAT_VERSION` and the autocast dtype."""
-    blob = json.dumps({"format": FORMAT_VERSION, "dtype": str(dtype), "recipe": _canonical(recipe)},
-                      sort_keys=True, default=str)
+    """The cache key: a hash of the recipe, the autocast dtype, :data:`FORMAT_VERSION` and the code."""
+    blob = json.dumps(_identity(recipe, dtype), sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -263,8 +304,7 @@ def _complete(path: str, recipe: Recipe, dtype: torch.dtype) -> bool:
         return False
     with open(os.path.join(path, "recipe.json")) as f:
         saved = json.load(f)
-    now = json.loads(json.dumps({"format": FORMAT_VERSION, "dtype": str(dtype), "recipe": _canonical(recipe)},
-                                sort_keys=True, default=str))
+    now = json.loads(json.dumps(_identity(recipe, dtype), sort_keys=True, default=str))
     if saved != now:
         raise ValueError(f"{path} holds a checkpoint of a different recipe (same key, other config): "
                          "delete the directory or bump recipes.FORMAT_VERSION")
@@ -303,8 +343,7 @@ def _train(recipe: Recipe, path: str, device: torch.device, dtype: torch.dtype, 
     with open(os.path.join(path, "meta.json"), "w") as f:
         json.dump({"seconds": seconds, "device": str(device), "date": datetime.date.today().isoformat()}, f)
     with open(os.path.join(path, "recipe.json"), "w") as f:
-        json.dump({"format": FORMAT_VERSION, "dtype": str(dtype), "recipe": _canonical(recipe)}, f,
-                  sort_keys=True, default=str, indent=1)
+        json.dump(_identity(recipe, dtype), f, sort_keys=True, default=str, indent=1)
     shutil.rmtree(os.path.join(path, "checkpoints"), ignore_errors=True)
     open(os.path.join(path, "DONE"), "w").close()
     if verbose:

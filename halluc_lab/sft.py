@@ -111,11 +111,8 @@ def pad(seqs: Sequence[Encoded], pad_id: int, length: int | None = None) -> Batc
     length = longest if length is None else length
     if length < longest:
         raise ValueError(f"length must be >= the longest sequence ({longest}), got {length}")
-    ids = torch.full((len(seqs), length), pad_id, dtype=torch.long)  # (B, T)
-    labels = torch.full((len(seqs), length), IGNORE, dtype=torch.long)  # (B, T)
-    for i, s in enumerate(seqs):
-        ids[i, :len(s.ids)] = torch.tensor(s.ids)
-        labels[i, :len(s.ids)] = torch.tensor(s.labels)
+    ids = torch.tensor([list(s.ids) + [pad_id] * (length - len(s.ids)) for s in seqs])  # (B, T)
+    labels = torch.tensor([list(s.labels) + [IGNORE] * (length - len(s.ids)) for s in seqs])  # (B, T)
     return Batch(ids, labels)
 
 
@@ -147,21 +144,21 @@ def pack(seqs: Sequence[Encoded], length: int, pad_id: int) -> Batch:
         room[r] -= len(s.ids)
         if room[r] < shortest:
             open_rows.remove(r)
-    ids = torch.full((len(rows), length), pad_id, dtype=torch.long)  # (B, T)
-    labels = torch.full((len(rows), length), IGNORE, dtype=torch.long)  # (B, T)
-    pos = torch.zeros((len(rows), length), dtype=torch.long)  # (B, T)
-    seg = torch.zeros((len(rows), length), dtype=torch.long)  # (B, T)
-    for r, row in enumerate(rows):
-        at = 0
+    ids, labels, pos, seg = [], [], [], []  # built as lists: one tensor per field, not per sequence
+    for row in rows:
+        r_ids, r_lab, r_pos, r_seg = [], [], [], []
         for k, s in enumerate(row):
-            n = len(s.ids)
-            ids[r, at:at + n] = torch.tensor(s.ids)
-            labels[r, at:at + n] = torch.tensor(s.labels)
-            pos[r, at:at + n] = torch.arange(n)
-            seg[r, at:at + n] = k + 1
-            at += n
-        pos[r, at:] = torch.arange(length - at)  # padding: harmless positions, no loss
-    return Batch(ids, labels, pos, seg)
+            r_ids += s.ids
+            r_lab += s.labels
+            r_pos += range(len(s.ids))
+            r_seg += [k + 1] * len(s.ids)
+        n_pad = length - len(r_ids)
+        ids.append(r_ids + [pad_id] * n_pad)
+        labels.append(r_lab + [IGNORE] * n_pad)
+        pos.append(r_pos + list(range(n_pad)))  # padding: harmless positions, no loss
+        seg.append(r_seg + [0] * n_pad)
+    as_tensor = lambda x: torch.tensor(x, dtype=torch.long)  # (B, T)
+    return Batch(as_tensor(ids), as_tensor(labels), as_tensor(pos), as_tensor(seg))
 
 
 def batches(rows: Batch, batch_size: int, seed: int) -> Callable[[int], Batch]:

@@ -135,3 +135,38 @@ def test_sft_rows_mask_the_prompt_and_backspace_rows_hold_backspaces():
     bk = recipes.training_rows(tiny("sft-backspace", backspace=BackspaceConfig(rate=0.5)))
     assert (bk.input_ids == tok.bksp_id).sum() > 50
     assert (bk.labels == tok.bksp_id).sum() == (bk.input_ids == tok.bksp_id).sum()
+
+
+@pytest.mark.gpu
+def test_a_recipe_trains_on_cuda_under_bf16_autocast_and_generates_like_hugging_face(cache):
+    from transformers import AutoModelForCausalLM
+
+    from halluc_lab.engine import generate
+
+    cuda = torch.device("cuda")
+    trained = recipes.load_recipe(tiny("sft-backspace", backspace=BackspaceConfig(rate=0.2)), cuda, torch.bfloat16,
+                                  verbose=False)
+    assert next(trained.model.parameters()).is_cuda
+    assert trained.history.loss[-1] < trained.history.loss[0]
+    assert recipes.directory(trained.recipe, torch.bfloat16) != recipes.directory(trained.recipe)
+    hf = AutoModelForCausalLM.from_pretrained(os.path.join(trained.path, "model")).to(cuda).eval()
+    prompts = [[1] + trained.tokenizer.encode(e.prompt) for e in trained.task.examples("heldout", 8, seed=0)]
+    ours = generate(trained.model, prompts, 6, greedy=True).token_lists()
+    for p, mine in zip(prompts, ours):
+        ids = torch.tensor([p], device=cuda)
+        out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=6, do_sample=False,
+                          eos_token_id=None, pad_token_id=0)
+        assert out[0, len(p):].tolist() == mine
+
+
+def test_code_fingerprint_ignores_prose_but_not_code(monkeypatch, tmp_path):
+    import ast
+
+    src = 'def f(x):\n    """Docstring."""\n    # a comment\n    return x + 1\n'
+    prose = 'def f(x):\n    """Other words."""\n\n    return x + 1  # another comment\n'
+    code = 'def f(x):\n    """Docstring."""\n    return x + 2\n'
+    dump = lambda s: ast.dump(recipes._strip_docstrings(ast.parse(s)))
+    assert dump(src) == dump(prose) != dump(code)
+    k = recipes.key(tiny())
+    monkeypatch.setattr(recipes, "code_fingerprint", lambda: "something else")
+    assert recipes.key(tiny()) != k
