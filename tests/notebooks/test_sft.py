@@ -36,7 +36,11 @@ def test_free_running_mistakes_stay_within_the_quadratic_bound(glue):
 
 
 def test_only_the_backspace_model_recovers_from_a_forced_error(glue):
-    for task in ("kb_walk", "arithmetic"):
-        assert glue[f"sft_{task}_clean_recovery"] == 0.0
-        assert glue[f"sft_{task}_backspace_recovery"] > 0.0
+    assert glue["sft_kb_walk_clean_recovery"] == 0.0 == glue["sft_arithmetic_clean_recovery"]
     assert glue["sft_kb_walk_scheduled_recovery"] == 0.0
+    assert glue["sft_kb_walk_backspace_recovery"] > 0.0
+
+
+def test_completion_only_loss_falls_with_sft(glue):
+    for task in ("kb_walk", "arithmetic"):
+        assert glue[f"sft_{task}_sft_completion_loss"] < 0.5 * glue[f"sft_{task}_pre_completion_loss"]
