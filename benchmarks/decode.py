@@ -24,7 +24,8 @@ import torch
 
 from common import attempt, best_time, environment, model_config, parser, print_table, ratio, setup, write_json
 from halluc_lab.engine import Engine, SamplingParams, engine_for, generate
-from halluc_lab.model import Transformer, to_hf
+from halluc_lab.hf_convert import to_hf
+from halluc_lab.model import Transformer
 
 PROMPT = 32
 

@@ -16,7 +16,8 @@ import torch
 import torch.nn.functional as F
 
 from common import attempt, best_time, environment, model_config, parser, print_table, ratio, setup, write_json
-from halluc_lab.model import Transformer, to_hf
+from halluc_lab.hf_convert import to_hf
+from halluc_lab.model import Transformer
 
 
 def train_loop(forward, params, x, y, device, dtype, steps):

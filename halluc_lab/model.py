@@ -22,7 +22,7 @@ tokens after it; ignore the logits at pad positions. Rows of different lengths i
 are handled by the cache's per-row lengths (the engine right-pads prompts and rolls the pads
 back), so left padding is never needed.
 
-Weights convert both ways with Hugging Face ``LlamaForCausalLM`` (:func:`to_hf`, :func:`from_hf`)
+Weights convert both ways with Hugging Face ``LlamaForCausalLM`` (:mod:`halluc_lab.hf_convert`)
 and :meth:`Transformer.save_pretrained` writes HF's format (``config.json`` + safetensors), which
 ``AutoModelForCausalLM.from_pretrained`` loads.
 
@@ -32,7 +32,7 @@ Where the code departs from the documents:
   (no mean subtraction, no bias) and the SwiGLU MLP ``W_down(silu(x W_gate) ⊙ x W_up)`` of Llama,
   without biases, so that weights convert one to one with Hugging Face.
 - ``W_Q, W_K, W_V`` of all heads are one matrix (``qkv_proj``) and ``W_gate, W_up`` another
-  (``gate_up_proj``): the same maps, fewer kernel launches. :func:`hf_state_dict` splits them.
+  (``gate_up_proj``): the same maps, fewer kernel launches. ``hf_convert.hf_state_dict`` splits them.
 - Query/key/value heads follow :mod:`halluc_lab.attention` (query head h reads KV head
   ``h // (n_heads / n_kv_heads)``, 004 §5.2) and RoPE is :func:`halluc_lab.positional.apply_rope`
   (rotate-half layout, as Llama). ``fast=True`` calls PyTorch's fused attention; ``fast=False`` the
@@ -340,6 +340,8 @@ class Transformer(nn.Module):
         """
         from safetensors.torch import save_file
 
+        from halluc_lab.hf_convert import hf_state_dict, to_hf_config
+
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         to_hf_config(self.config, **hf_config_kwargs).save_pretrained(directory)
@@ -352,6 +354,8 @@ class Transformer(nn.Module):
         """Load what :meth:`save_pretrained` (or HF's ``LlamaForCausalLM.save_pretrained``) wrote, on the CPU."""
         from safetensors.torch import load_file
 
+        from halluc_lab.hf_convert import config_from_hf, load_hf_state_dict
+
         directory = Path(directory)
         files = sorted(directory.glob("*.safetensors"))
         if not (directory / "config.json").is_file() or not files:
@@ -363,134 +367,3 @@ class Transformer(nn.Module):
         model = cls(config)
         load_hf_state_dict(model, state)
         return model
-
-
-# ----------------------------------------------------------------------------- Hugging Face conversion
-
-def _rope_parameters(config: ModelConfig) -> dict:
-    """``rope_parameters`` of transformers 5 for the lab's RoPE (the same formula or an error)."""
-    s = config.rope_scaling or RopeScaling()
-    params = {"rope_type": "default", "rope_theta": float(config.rope_theta)}
-    if s.kind == "linear":
-        params.update(rope_type="linear", factor=float(s.factor))
-    elif s.kind == "yarn":
-        params.update(rope_type="yarn", factor=float(s.factor), original_max_position_embeddings=s.original_max_positions,
-                      beta_fast=float(s.beta_fast), beta_slow=float(s.beta_slow), truncate=s.truncate)
-        if s.attention_factor is not None:
-            params["attention_factor"] = float(s.attention_factor)
-    elif s.kind == "ntk":
-        # HF's "dynamic" recomputes the base from the current length and leaves it unscaled up to
-        # max_position_embeddings, so no HF rope_type computes the static NTK-aware frequencies.
-        raise ValueError("rope_scaling kind 'ntk' has no Hugging Face equivalent (HF 'dynamic' changes with the "
-                         "sequence length); use kind 'none', 'linear' or 'yarn' to convert")
-    return params
-
-
-def to_hf_config(config: ModelConfig, **kwargs):
-    """The ``LlamaConfig`` of the same architecture; ``kwargs`` override fields (e.g. ``eos_token_id``)."""
-    from transformers import LlamaConfig
-
-    fields = dict(vocab_size=config.vocab_size, hidden_size=config.hidden_size,
-                  intermediate_size=config.intermediate_size, num_hidden_layers=config.n_layers,
-                  num_attention_heads=config.n_heads, num_key_value_heads=config.n_kv_heads,
-                  head_dim=config.head_dim, hidden_act="silu", max_position_embeddings=config.max_positions,
-                  rms_norm_eps=float(config.norm_eps), initializer_range=float(config.init_std),
-                  tie_word_embeddings=config.tie_embeddings, rope_parameters=_rope_parameters(config),
-                  attention_bias=False, mlp_bias=False, bos_token_id=None, eos_token_id=None,
-                  pad_token_id=None, architectures=["LlamaForCausalLM"])
-    fields.update(kwargs)
-    return LlamaConfig(**fields)
-
-
-def config_from_hf(hf_config, **overrides) -> ModelConfig:
-    """A :class:`ModelConfig` from a ``LlamaConfig`` or its ``config.json`` dict; unsupported features raise."""
-    d = hf_config.to_dict() if hasattr(hf_config, "to_dict") else dict(hf_config)
-    if d.get("model_type", "llama") != "llama":
-        raise ValueError(f"only Llama configs convert, got model_type={d.get('model_type')!r}")
-    for key, ok in (("hidden_act", "silu"), ("attention_bias", False), ("mlp_bias", False)):
-        if d.get(key, ok) != ok:
-            raise ValueError(f"{key} must be {ok!r} for the lab's model, got {d[key]!r}")
-    heads = d["num_attention_heads"]
-    if d.get("head_dim") not in (None, d["hidden_size"] // heads):
-        raise ValueError(f"head_dim must be hidden_size / num_attention_heads, got {d['head_dim']}")
-    rope = dict(d.get("rope_parameters") or d.get("rope_scaling") or {})
-    theta = rope.get("rope_theta", d.get("rope_theta", 10000.0))
-    kind = rope.get("rope_type", rope.get("type", "default"))
-    if rope.get("partial_rotary_factor", 1.0) != 1.0:
-        raise ValueError("partial_rotary_factor must be 1 (RoPE on the whole head)")
-    if kind == "default":
-        scaling = None
-    elif kind == "linear":
-        scaling = RopeScaling("linear", float(rope["factor"]))
-    elif kind == "yarn":
-        if rope.get("mscale") or rope.get("mscale_all_dim"):
-            raise ValueError("YaRN with mscale/mscale_all_dim is not supported")
-        scaling = RopeScaling("yarn", float(rope["factor"]),
-                              original_max_positions=int(rope.get("original_max_position_embeddings")
-                                                         or d["max_position_embeddings"]),
-                              beta_fast=float(rope.get("beta_fast") or 32), beta_slow=float(rope.get("beta_slow") or 1),
-                              attention_factor=rope.get("attention_factor"), truncate=bool(rope.get("truncate", True)))
-    else:
-        raise ValueError(f"rope_type {kind!r} has no equivalent here; supported: default, linear, yarn")
-    fields = dict(vocab_size=d["vocab_size"], hidden_size=d["hidden_size"], n_layers=d["num_hidden_layers"],
-                  n_heads=heads, n_kv_heads=d.get("num_key_value_heads") or heads,
-                  intermediate_size=d["intermediate_size"], rope_theta=float(theta), rope_scaling=scaling,
-                  max_positions=d["max_position_embeddings"], tie_embeddings=bool(d.get("tie_word_embeddings", False)),
-                  norm_eps=float(d["rms_norm_eps"]), init_std=float(d.get("initializer_range", 0.02)))
-    fields.update(overrides)
-    return ModelConfig(**fields)
-
-
-def hf_state_dict(model: Transformer) -> dict[str, Tensor]:
-    """The model's weights under ``LlamaForCausalLM``'s names, fused matrices split (views, no copies)."""
-    c = model.config
-    q, kv, inter = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim, c.intermediate_size
-    out = {"model.embed_tokens.weight": model.embed_tokens.weight, "model.norm.weight": model.norm.weight,
-           "lm_head.weight": model.embed_tokens.weight if model.lm_head is None else model.lm_head.weight}
-    for i, block in enumerate(model.layers):
-        p = f"model.layers.{i}."
-        wq, wk, wv = block.self_attn.qkv_proj.weight.split([q, kv, kv])  # rows: outputs
-        gate, up = block.mlp.gate_up_proj.weight.split([inter, inter])
-        out.update({p + "self_attn.q_proj.weight": wq, p + "self_attn.k_proj.weight": wk,
-                    p + "self_attn.v_proj.weight": wv, p + "self_attn.o_proj.weight": block.self_attn.o_proj.weight,
-                    p + "mlp.gate_proj.weight": gate, p + "mlp.up_proj.weight": up,
-                    p + "mlp.down_proj.weight": block.mlp.down_proj.weight,
-                    p + "input_layernorm.weight": block.input_layernorm.weight,
-                    p + "post_attention_layernorm.weight": block.post_attention_layernorm.weight})
-    return out
-
-
-@torch.no_grad()
-def load_hf_state_dict(model: Transformer, state: dict[str, Tensor]) -> None:
-    """Copy weights named as ``LlamaForCausalLM``'s into the model; missing or extra names raise."""
-    mine = hf_state_dict(model)
-    if model.lm_head is None:
-        state = {k: v for k, v in state.items() if k != "lm_head.weight"}  # tied: the embedding is the head
-        mine.pop("lm_head.weight")
-    state = {k: v for k, v in state.items() if not k.endswith("rotary_emb.inv_freq")}
-    missing, extra = sorted(set(mine) - set(state)), sorted(set(state) - set(mine))
-    if missing or extra:
-        raise ValueError(f"state dict does not match the config: missing {missing[:4]}, unexpected {extra[:4]}")
-    for name, target in mine.items():
-        if state[name].shape != target.shape:
-            raise ValueError(f"{name}: expected shape {tuple(target.shape)}, got {tuple(state[name].shape)}")
-        target.copy_(state[name])  # target is a view into the fused matrix, so this fills it in place
-
-
-def to_hf(model: Transformer):
-    """A ``LlamaForCausalLM`` with the same weights (a copy, float32, on the CPU)."""
-    from transformers import LlamaForCausalLM
-
-    hf = LlamaForCausalLM(to_hf_config(model.config))
-    state = {k: v.detach().float().cpu() for k, v in hf_state_dict(model).items()}
-    result = hf.load_state_dict(state, strict=False)
-    if result.unexpected_keys or set(result.missing_keys) - {"lm_head.weight"}:  # tied: lm_head is the embedding
-        raise RuntimeError(f"weights did not map onto LlamaForCausalLM: {result}")
-    return hf.eval()
-
-
-def from_hf(hf_model) -> Transformer:
-    """The lab's model with the weights of a ``LlamaForCausalLM`` (a copy, float32, on the CPU)."""
-    model = Transformer(config_from_hf(hf_model.config))
-    load_hf_state_dict(model, {k: v.detach().float().cpu() for k, v in hf_model.state_dict().items()})
-    return model

@@ -7,7 +7,8 @@ import torch
 
 from halluc_lab import sampling
 from halluc_lab.engine import Engine, SamplingParams, engine_for, generate
-from halluc_lab.model import ModelConfig, Transformer, to_hf
+from halluc_lab.hf_convert import to_hf
+from halluc_lab.model import ModelConfig, Transformer
 from halluc_lab.positional import RopeScaling
 
 V = 61

@@ -5,8 +5,8 @@ import dataclasses
 import pytest
 import torch
 
-from halluc_lab.model import (ModelConfig, RMSNorm, Transformer, config_from_hf, from_hf, rms_norm_reference,
-                              segment_positions, to_hf, to_hf_config)
+from halluc_lab.hf_convert import config_from_hf, from_hf, to_hf, to_hf_config
+from halluc_lab.model import ModelConfig, RMSNorm, Transformer, rms_norm_reference, segment_positions
 from halluc_lab.positional import RopeScaling
 
 V = 97
