@@ -217,3 +217,21 @@ def test_bad_inputs_raise_clear_errors():
         repeat_kv(k, 0)
     with pytest.raises(ValueError, match="x must"):
         MultiHeadAttention(AttentionConfig(16, 4))(torch.randn(2, 3, 8))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 2e-5), (torch.bfloat16, 3e-2)])
+def test_fused_attention_on_cuda_agrees_with_the_reference(dtype, tol):
+    """PyTorch picks flash / memory-efficient kernels on CUDA; masks and dead rows must still match."""
+    q, k, v = (t.cuda() for t in _qkv(B=2, H=4, T_q=6, T_k=9, D=64, seed=5))
+    keep = torch.rand(2, 1, 6, 9, generator=torch.Generator().manual_seed(6)).cuda() > 0.3
+    keep[0, 0, 2] = False  # one fully masked row
+    for mask, causal in ((None, False), (None, True), (keep, False), (keep, True)):
+        ref, _ = scaled_dot_product_attention(q, k, v, mask, causal)
+        fast = fused_attention(q.to(dtype), k.to(dtype), v.to(dtype), mask, causal)
+        assert not fast.isnan().any()
+        torch.testing.assert_close(fast.float(), ref, atol=tol, rtol=tol)
+    same_length = [t[:, :, :6] for t in (q, k, v)]
+    ref, _ = scaled_dot_product_attention(*same_length, causal=True)
+    torch.testing.assert_close(fused_attention(*(t.to(dtype) for t in same_length), causal=True).float(), ref,
+                               atol=tol, rtol=tol)

@@ -225,3 +225,18 @@ def test_scaling_variants_via_replace():
     assert dataclasses.replace(s, kind="linear").factor == 4.0
     with pytest.raises(dataclasses.FrozenInstanceError):
         s.factor = 2.0  # type: ignore[misc]
+
+
+@pytest.mark.gpu
+def test_rope_on_cuda_equals_hugging_face_on_cuda():
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
+    config = _hf(64, rope={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256}, max_pos=1024)
+    x = torch.randn(2, 4, 1024, 64, device="cuda")
+    pos = torch.arange(1024, device="cuda")[None].expand(2, -1)
+    hf_cos, hf_sin = LlamaRotaryEmbedding(config).cuda()(x, pos)
+    inv_freq, af = rope_frequencies(64, scaling=RopeScaling("yarn", 4.0, 256))
+    cos, sin = rope_cos_sin(pos, inv_freq.cuda(), af)
+    torch.testing.assert_close(cos, hf_cos, atol=1e-6, rtol=0)
+    torch.testing.assert_close(sin, hf_sin, atol=1e-6, rtol=0)
+    hf_q, _ = apply_rotary_pos_emb(x, x, hf_cos, hf_sin)
+    torch.testing.assert_close(apply_rope(x, cos, sin), hf_q, atol=1e-5, rtol=0)
