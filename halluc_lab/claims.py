@@ -109,9 +109,10 @@ class ClaimTable:
     def _repr_html_(self) -> str:
         esc = html.escape
         head = "".join(f"<th>{h}</th>" for h in ("quantity", "document", "computed", "agrees", "note"))
+        mark = {"✓": '<td style="color:#1a7f37">✓</td>', "✗": '<td style="color:#cf222e;font-weight:bold">✗</td>'}
         body = "".join(
             f'<tr class="{"claim-ok" if ok == "✓" else "claim-bad"}">'
-            + "".join(f"<td>{esc(cell)}</td>" for cell in (q, s, c, ok, n)) + "</tr>"
+            + "".join(f"<td>{esc(cell)}</td>" for cell in (q, s, c)) + mark[ok] + f"<td>{esc(n)}</td></tr>"
             for q, s, c, ok, n in self._rows())
         summary = f"{len(self.claims) - self.n_disagreements} of {len(self.claims)} agree"
         return (f'<table class="claim-table"><caption>{esc(self.title)} — {summary}</caption>'

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 ENV_DEVICE = "HALLUC_DEVICE"  # overrides device="auto", e.g. HALLUC_DEVICE=cpu
+ENV_THREADS = "HALLUC_THREADS"  # CPU threads for torch (default 1, see setup)
 SCALES = ("auto", "smoke", "full")
 DEVICES = ("auto", "cpu", "cuda", "mps")
 
@@ -107,10 +108,20 @@ def seed_everything(seed: int) -> None:
 
 
 def setup(scale: str = "auto", device: str = "auto", seed: int = 0, verbose: bool = True) -> Runtime:
-    """Resolve a notebook's parameters into a :class:`Runtime`, seed everything, print why."""
+    """Resolve a notebook's parameters into a :class:`Runtime`, seed everything, print why.
+
+    On a CPU it also sets torch to ``$HALLUC_THREADS`` threads (default 1).
+    """
     dev, reason = choose_device(device)
     resolved = resolve_scale(scale, dev)
     seed_everything(seed)
+    if dev.type == "cpu":
+        # The lab's tensors are small: one CPU thread is as fast as several, and on a busy machine
+        # threads that wait for each other made small steps up to ten times slower (2-core VM).
+        threads = os.environ.get(ENV_THREADS, "1")
+        if not threads.isdigit() or int(threads) < 1:
+            raise ValueError(f"${ENV_THREADS} must be a positive integer, got {threads!r}")
+        torch.set_num_threads(int(threads))
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     rt = Runtime(device=dev, dtype=dtype, scale=resolved, seed=seed,
                  reason=reason + (" · auto scale" if scale == "auto" else ""))

@@ -63,3 +63,18 @@ def test_autocast_is_a_no_op_on_cpu():
     with rt.autocast():
         y = torch.ones(2, 2) @ torch.ones(2, 2)
     assert y.dtype == torch.float32
+
+
+def test_cpu_setup_uses_one_thread_unless_told_otherwise(monkeypatch):
+    before = torch.get_num_threads()
+    try:
+        dev.setup(device="cpu", verbose=False)
+        assert torch.get_num_threads() == 1
+        monkeypatch.setenv(dev.ENV_THREADS, "2")
+        dev.setup(device="cpu", verbose=False)
+        assert torch.get_num_threads() == 2
+        monkeypatch.setenv(dev.ENV_THREADS, "zero")
+        with pytest.raises(ValueError, match=dev.ENV_THREADS):
+            dev.setup(device="cpu", verbose=False)
+    finally:
+        torch.set_num_threads(before)
