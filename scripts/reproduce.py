@@ -100,12 +100,19 @@ def main() -> None:
     if args.out.resolve() == (ROOT / "notebooks").resolve():
         raise SystemExit("--out must not be notebooks/: runs never overwrite committed notebooks")
     args.out.mkdir(parents=True, exist_ok=True)
-    times = {}
+    times, failed = {}, []
     for stem in stems:
         print(f"running {stem} at scale={args.scale} ...", flush=True)
-        times[stem] = round(run(stem, args.out, args.scale, args.seed), 1)
+        try:
+            times[stem] = round(run(stem, args.out, args.scale, args.seed), 1)
+        except papermill.PapermillExecutionError as err:  # keep going: the other chapters still run
+            failed.append(stem)
+            print(f"  FAILED in cell {err.exec_count}: {err.ename}: {err.evalue}", flush=True)
+            continue
         print(f"  {times[stem]:.1f} s", flush=True)
-    (args.out / "times.json").write_text(json.dumps(times, indent=1))
+        (args.out / "times.json").write_text(json.dumps(times, indent=1))
+    if failed:
+        raise SystemExit(f"failed: {failed} (their partial runs are in {args.out})")
     if not args.no_book:
         print(f"book: {build_book(args.out) / 'index.html'}")
 
