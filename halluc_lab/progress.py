@@ -2,7 +2,8 @@
 
 Batch runs (the test harness, ``scripts/reproduce.py``) set ``HALLUC_BATCH=1``: a
 progress bar there would only leave widget state or carriage-return noise in the
-committed notebooks, so it is switched off. Everywhere else this is ``tqdm.auto``.
+committed notebooks, so it is switched off. Everywhere else this is ``tqdm.auto``,
+imported only then: importing it without ipywidgets prints a warning into the output.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 
-from tqdm.auto import tqdm
+from tqdm.std import tqdm as plain_tqdm
 
 ENV_BATCH = "HALLUC_BATCH"
 
@@ -20,8 +21,11 @@ def in_batch() -> bool:
     return os.environ.get(ENV_BATCH, "") not in ("", "0")
 
 
-def progress(iterable: Iterable | None = None, **kwargs) -> tqdm:
+def progress(iterable: Iterable | None = None, **kwargs) -> plain_tqdm:
     """``tqdm(iterable, **kwargs)``, disabled in batch runs: ``for step in progress(range(n), desc="train")``."""
-    kwargs.setdefault("disable", in_batch())
     kwargs.setdefault("dynamic_ncols", True)
+    if in_batch():
+        return plain_tqdm(iterable, **{**kwargs, "disable": True})
+    from tqdm.auto import tqdm  # a widget in JupyterLab, text in a terminal
+
     return tqdm(iterable, **kwargs)
