@@ -169,7 +169,7 @@ class Engine:
         if weights != self._weights:  # graphs read weights in place: new tensors (.to(), assign=True) need new graphs
             self._graphs.clear()
             self._weights = weights
-        N, B, V = len(prompts), self.batch_size, self.vocab_size
+        N, B = len(prompts), self.batch_size
         lengths = [len(p) for p in prompts] + [1] * (B - N)  # unused rows: a one-token dummy prompt
         self.params, self.n_rows, self.max_new_tokens = params, N, max_new_tokens
         self._user_generator = generator

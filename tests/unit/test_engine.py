@@ -1,7 +1,5 @@
 """The generation engine against an uncached reference loop, Hugging Face generate, and bad input."""
 
-import functools
-
 import pytest
 import torch
 
