@@ -28,6 +28,14 @@ def test_counted_work_has_the_exponents_of_the_documents(glue):
     assert glue["kv_cache_bytes_exponent_length"] == 1.0
 
 
+def test_timed_contexts_are_counted_between_the_dense_and_attention_exponents(glue):
+    # The latency figure sets measured slopes beside these counted ones (smoke: t = 128…512 for the
+    # 2-layer, width-64 timing model): dense work alone gives 1, attention alone 2 (uncached) or 1 (cached).
+    assert 1.0 < glue["kv_cache_latency_count_exponent_uncached"] < 2.0
+    assert 0.0 < glue["kv_cache_latency_count_exponent_cached"] < 1.0
+    assert 1.0 < glue["kv_cache_total_count_exponent_cached"] < glue["kv_cache_total_count_exponent_uncached"] < 3.0
+
+
 def test_decoding_moves_about_a_byte_per_flop(glue):
     assert 0.5 < glue["kv_cache_decode_intensity_b1"] < 2.0
 
