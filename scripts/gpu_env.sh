@@ -4,4 +4,5 @@
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || return 1
 export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}
 export PATH=/tmp/site/bin:$PATH
-export PYTHONUNBUFFERED=1 HALLUC_BATCH=1 MPLBACKEND=Agg
+export PYTHONUNBUFFERED=1 HALLUC_BATCH=1
+unset MPLBACKEND  # kernels must use the inline backend, or plt.show() draws nothing

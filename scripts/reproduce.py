@@ -97,6 +97,7 @@ def main() -> None:
         return
 
     os.environ["HALLUC_BATCH"] = "1"  # no progress bars in recorded outputs
+    os.environ.pop("MPLBACKEND", None)  # the kernels' inline backend: with Agg, plt.show() records no figure
     if args.out.resolve() == (ROOT / "notebooks").resolve():
         raise SystemExit("--out must not be notebooks/: runs never overwrite committed notebooks")
     args.out.mkdir(parents=True, exist_ok=True)

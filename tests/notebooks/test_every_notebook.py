@@ -50,10 +50,27 @@ def test_committed_notebook_carries_a_full_scale_run(stem):
     assert read_glue(nb).get("run_scale") == "full", "the footer must record the full-scale run"
 
 
+def _cells_without_their_figure(nb) -> list[str]:
+    """Sources of cells that call plt.show() but recorded no image."""
+    missing = []
+    for cell in _code_cells(nb):
+        kinds = {k for out in cell.get("outputs", []) for k in out.get("data", {})}
+        if "plt.show()" in cell.source and not kinds & {"image/png", "image/svg+xml"}:
+            missing.append(cell.source[:200])
+    return missing
+
+
+@pytest.mark.parametrize("stem", STEMS)
+def test_committed_figures_were_drawn(stem):
+    nb = nbformat.read(NOTEBOOKS / f"{stem}.ipynb", as_version=4)
+    assert not _cells_without_their_figure(nb), "cells that call plt.show() recorded no figure"
+
+
 @pytest.mark.parametrize("stem", STEMS)
 def test_smoke_run_is_clean(stem, notebook_run):
     run = notebook_run(stem)
     assert run.glue.get("run_scale") == "smoke"
+    assert not _cells_without_their_figure(run.nb), "cells that call plt.show() drew no figure"
     for cell in _code_cells(run.nb):
         for out in cell.get("outputs", []):
             text = "".join(out.get("text", "")) if out.get("name") == "stderr" else ""
