@@ -132,6 +132,19 @@ class KBWalk(Task):
                         salt=self.config.world_seed)
         return held == "train"
 
+    def knowable(self, prompt: str) -> bool:
+        """Whether a model trained on this world could know a chain's answer: every pair its
+        gold walk looks up is a common fact or a fact-less pair that train chains use (not a rare
+        fact, not a pair reserved for evaluation). Every train chain is knowable; a held-out chain
+        may not be.
+
+        >>> task = KBWalk(KBWalkConfig(n_entities=6, n_relations=2))
+        >>> task.knowable(task.examples("train", 1, seed=0)[0].prompt)
+        True
+        """
+        start, rels = self._parse_prompt(prompt)
+        return all(self.usable_in_training(*p) for p in self._pairs(start, rels))
+
     def walk(self, start: str, relations: Sequence[str]) -> list[str]:
         """The gold completion symbols of a chain: ``[e0, r1, e1, ...]``, ending in
         ``<abstain>`` at the first pair without a fact."""

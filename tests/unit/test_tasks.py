@@ -113,6 +113,20 @@ def test_kb_walk_train_chains_avoid_rare_facts_and_reserved_pairs_and_heldout_ch
     assert any(task.is_rare(*p) for e in held for p in pairs(e) if p in task.facts)
 
 
+def test_kb_walk_knowable_chains_are_exactly_those_through_common_facts_and_train_usable_pairs():
+    task = TASKS[0]
+    assert all(task.knowable(e.prompt) for e in task.examples("train", 100, seed=0))
+    held = task.examples("heldout", 300, seed=0)
+    known = [task.knowable(e.prompt) for e in held]
+    assert any(known) and not all(known)
+    rare_e, rare_r = next(f for f in task.facts if task.is_rare(*f))
+    assert not task.knowable(f"{rare_e} {rare_r} =")
+    common_e, common_r = next(f for f in task.facts if not task.is_rare(*f))
+    assert task.knowable(f"{common_e} {common_r} =")
+    with pytest.raises(ValueError, match="not a kb_walk prompt"):
+        task.knowable("nonsense =")
+
+
 def test_kb_walk_claims_flag_hallucinated_steps():
     task = TASKS[0]
     (e0, r), e1 = next(iter(task.facts.items()))
