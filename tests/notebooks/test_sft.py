@@ -28,6 +28,13 @@ def test_accuracy_falls_with_answer_length(glue):
         assert 0 < glue[f"sft_{task}_eps_fit"] < 1 and 0 < glue[f"sft_{task}_eps_tf"] < 1
 
 
+def test_kb_walk_answers_chains_it_can_know_far_better_than_the_others(glue):
+    known, other = glue["sft_kb_walk_em_greedy_knowable_by_length"], glue["sft_kb_walk_em_greedy_other_by_length"]
+    share = glue["sft_kb_walk_knowable_by_length"]
+    assert all(0 < s < 1 for s in share)  # held-out chains of every length include both kinds
+    assert all(k > o + 0.3 for k, o in zip(known, other))
+
+
 def test_free_running_mistakes_stay_within_the_quadratic_bound(glue):
     assert glue["sft_regret_within_bound"] is True
     for task in ("kb_walk", "arithmetic"):
