@@ -40,3 +40,8 @@ def test_kv_memory_and_explorer(glue):
 
 def test_heatmap_weights_come_from_the_lab_model(glue):
     assert glue["attention_twin_logit_gap"] < 1e-4  # its Hugging Face twin gives the same logits
+
+
+def test_a_trained_head_is_far_from_an_even_spread(glue):
+    # the most specialised head of the arithmetic model (a random-init head is close to 1)
+    assert glue["attention_head_pattern_over_even"] > 1.5
