@@ -26,7 +26,8 @@ def test_long_context_model_learns_well_above_chance(glue):
 
 
 def test_training_on_longer_sequences_lowers_perplexity_beyond_the_window(glue):
-    assert glue["positional_lc_none_ft_8L_beyond"] < glue["positional_lc_none_8L_beyond"]
+    assert glue["positional_lc_none_ft4_8L_beyond"] < glue["positional_lc_none_8L_beyond"]
+    assert glue["positional_lc_none_ft4_4L_beyond"] < glue["positional_lc_none_4L_beyond"]
 
 
 def test_long_context_experiment_reports_every_method_and_length(glue):
@@ -35,6 +36,9 @@ def test_long_context_experiment_reports_every_method_and_length(glue):
             for where in ("beyond", "within"):
                 value = glue[f"positional_lc_{method}_{mult}L_{where}"]
                 assert 1.0 < value < 64.0 * 4, (method, mult, where, value)
-        for mult in (4, 8):
-            assert 1.0 < glue[f"positional_lc_{method}_ft_{mult}L_beyond"] < 64.0 * 4
+        for factor in (4, 8):  # fine-tuned at 4L with s = 4 and with s = 8, read at 4L and 8L
+            for mult in (4, 8):
+                for where in ("beyond", "within"):
+                    value = glue[f"positional_lc_{method}_ft{factor}_{mult}L_{where}"]
+                    assert 1.0 < value < 64.0 * 4, (method, factor, mult, where, value)
 
