@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from halluc_lab.sft import (IGNORE, BackspaceConfig, Batch, Encoded, backspace_demonstration, batches,
+from halluc_lab.sft import (IGNORE, BackspaceConfig, Encoded, backspace_demonstration, batches,
                             causal_lm_loss, encode_document, encode_example, label_smoothed_nll, pack, pad,
                             scheduled_sampling)
 from halluc_lab.tasks import Arithmetic, ArithmeticConfig, Example, KBWalk, KBWalkConfig, completion_symbols
