@@ -123,7 +123,8 @@ def _sft_steps(task: str, stage: str, scale: str) -> int:
 
 
 def _sft_examples(task: str, scale: str) -> int:
-    """Train-split examples an SFT recipe draws: at full scale each is seen about three to five times."""
+    """Train-split examples an SFT recipe draws: at full scale the 400- and 2,000-step recipes see each
+    about three to five times (path_star's 500-step backspace recipe about once)."""
     if scale == "full":
         return {"kb_walk": 50_000, "arithmetic": 150_000, "path_star": 250_000}[task]
     return 3000
