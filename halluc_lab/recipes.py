@@ -83,6 +83,11 @@ class Recipe:
         """"pretrain" or the SFT variant."""
         return self.name.split("-", 1)[1]
 
+    @property
+    def pretraining(self) -> Recipe:
+        """The pre-training recipe at the root of this one's parents (itself for a pre-training recipe)."""
+        return self if self.parent is None else self.parent.pretraining
+
 
 # -- the registry --------------------------------------------------------------------------------
 def _task_config(task: str, scale: str) -> TaskConfig:
@@ -205,7 +210,7 @@ def training_rows(recipe: Recipe) -> Batch:
         else:
             seqs.append(encode_example(tok, ex, completion_only=recipe.completion_only))
     if recipe.replay_fraction > 0:
-        docs = task.pretraining_documents(seed=recipe.parent.seed)
+        docs = task.pretraining_documents(seed=recipe.pretraining.seed)
         seqs += [encode_document(tok, d) for d in rng.sample(docs, int(recipe.replay_fraction * recipe.n_examples))]
     rng.shuffle(seqs)
     return pack(seqs, recipe.seq_len, tok.pad_id)

@@ -44,6 +44,7 @@ def test_every_name_exists_at_smoke_scale_and_sft_starts_from_its_pretraining():
             # path_star's backspace SFT alone continues from clean SFT (recipes._sft_parent says why)
             parent = "path_star-sft-clean" if name == "path_star-sft-backspace" else name.split("-")[0] + "-pretrain"
             assert r.parent == recipes.get(parent, "smoke") and r.model == r.parent.model
+            assert r.pretraining == recipes.get(name.split("-")[0] + "-pretrain", "smoke")  # the replay corpus
     assert recipes.get("kb_walk-sft-backspace", "smoke").backspace is not None
     assert recipes.get("kb_walk-sft-scheduled", "smoke").scheduled_sampling > 0
 
