@@ -142,8 +142,10 @@ class KBWalk(Task):
         >>> task.knowable(task.examples("train", 1, seed=0)[0].prompt)
         True
         """
-        start, rels = self._parse_prompt(prompt)
-        return all(self.usable_in_training(*p) for p in self._pairs(start, rels))
+        return self._knowable(*self._parse_prompt(prompt))
+
+    def _knowable(self, start: str, relations: Sequence[str]) -> bool:
+        return all(self.usable_in_training(*p) for p in self._pairs(start, relations))
 
     def walk(self, start: str, relations: Sequence[str]) -> list[str]:
         """The gold completion symbols of a chain: ``[e0, r1, e1, ...]``, ending in
@@ -185,7 +187,7 @@ class KBWalk(Task):
                 key = " ".join([start, *rels])
                 if split_of(key, self.config.heldout_fraction, salt=self.config.world_seed) != split:
                     continue
-                if split == "heldout" or all(self.usable_in_training(*p) for p in self._pairs(start, rels)):
+                if split == "heldout" or self._knowable(start, rels):
                     break
             else:
                 raise ValueError(f"could not draw a {split} chain in {_MAX_TRIES} tries: the world has too "
