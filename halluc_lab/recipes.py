@@ -46,8 +46,8 @@ from functools import lru_cache
 import torch
 
 from halluc_lab.model import ModelConfig, Transformer
-from halluc_lab.sft import (BackspaceConfig, Batch, backspace_demonstration, batches, encode_document,
-                            encode_example, pack, scheduled_sampling)
+from halluc_lab.data import Batch, batches, encode_document, encode_example, pack
+from halluc_lab.sft import BackspaceConfig, backspace_demonstration, scheduled_sampling
 from halluc_lab.tasks import (ArithmeticConfig, KBWalkConfig, PathStarConfig, Task, TaskConfig, make_task)
 from halluc_lab.tokenizer import Tokenizer
 from halluc_lab.train import History, TrainConfig, latest_checkpoint, train
@@ -197,7 +197,7 @@ def _pretrain_rows(task_cfg: TaskConfig, seq_len: int, seed: int) -> Batch:
 
 
 def training_rows(recipe: Recipe) -> Batch:
-    """The packed rows a recipe trains on (the whole set; :func:`halluc_lab.sft.batches` draws from it)."""
+    """The packed rows a recipe trains on (the whole set; :func:`halluc_lab.data.batches` draws from it)."""
     if recipe.parent is None:
         return _pretrain_rows(recipe.task, recipe.seq_len, recipe.seed)
     task = make_task(recipe.task)
@@ -235,7 +235,7 @@ def _canonical(recipe: Recipe) -> dict:
 
 
 # The modules whose code determines a recipe's trained weights.
-WEIGHT_MODULES = ("model", "attention", "positional", "sampling", "train", "sft", "tokenizer", "recipes",
+WEIGHT_MODULES = ("model", "attention", "positional", "sampling", "train", "sft", "data", "losses", "tokenizer", "recipes",
                   "tasks.base", "tasks.kb_walk", "tasks.arithmetic", "tasks.path_star")
 
 

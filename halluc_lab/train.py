@@ -4,9 +4,11 @@ Chapters 7–8. Sources: 000 §5.7 (gradient accumulation), §5.8 (AdamW, Loshch
 2019; linear warmup then cosine annealing); 001 Part 1 Listing 2 (the training step:
 forward, ``zero_grad``, ``backward``, ``step``).
 
-The loop works for any ``nn.Module`` mapping ``input_ids (B, T)`` (plus the batch's
-``position_ids`` / ``segment_ids`` when it has them) to logits ``(B, T, V)``. Data come from
-a function ``step -> Batch`` (:func:`halluc_lab.sft.batches`) so that a resumed run sees
+The loop knows no loss: it takes a callable ``loss(model, batch) -> (summed loss, count)``
+(:data:`Loss`), sums both over the micro-batches and divides the gradient by the total count.
+Next-token cross-entropy (:class:`NextTokenLoss`, pre-training and SFT) is the default; DPO, a
+reward model or a policy gradient pass their own — no loss is ever chosen by a string. Data come
+from a function ``step -> Batch`` (:func:`halluc_lab.data.batches`) so that a resumed run sees
 exactly the batches it would have seen; the only other randomness (scheduled sampling)
 is seeded by the step as well. Hence resuming from a checkpoint reproduces the losses of
 an uninterrupted run (tested).
@@ -16,7 +18,10 @@ Checkpoints go to ``checkpoint_dir/step-NNNNNN/``: the model in Hugging Face for
 config, and SHA-256 checksums of the weight files). Loading one checks all of it and raises
 :class:`CheckpointError` on any mismatch: never a partial load.
 
-Departures: the schedule counts optimizer steps from t = 1, so the first update already
+Departures: 000 §5.7 writes accumulation as the mean of K micro-batch gradients; that equals the
+big batch's gradient only when the K micro-batches hold equally many target tokens. Here the
+summed losses and counts are accumulated and the gradient divided once by the whole batch's
+count, which is exactly the big batch's mean-token loss (tested). The schedule counts optimizer steps from t = 1, so the first update already
 uses η0/W (Hugging Face's ``get_cosine_schedule_with_warmup`` is the same function of t but
 starts at t = 0, where the rate is 0). Weight decay applies to matrices only (embeddings and
 linear weights), not to norm gains, as in nanoGPT.
@@ -37,8 +42,9 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from halluc_lab.data import Batch
+from halluc_lab.losses import causal_lm_loss
 from halluc_lab.progress import progress
-from halluc_lab.sft import Batch, causal_lm_loss
 
 STATE_FILE = "trainer_state.pt"
 
@@ -59,7 +65,6 @@ class TrainConfig:
     weight_decay: float = 0.1  # decoupled weight decay on matrices [λ]
     grad_clip: float | None = 1.0  # clip the global gradient norm to this (None: no clipping)
     accum_steps: int = 1  # micro-batches per optimizer step [K of 000 §5.7]
-    label_smoothing: float = 0.0  # ε of 004 §3.7
     checkpoint_every: int = 0  # save every N steps (0: only at the end, when a directory is given)
     keep_checkpoints: int = 2  # how many recent checkpoints to keep on disk
     log_every: int = 25  # steps between host syncs that record the history
@@ -76,12 +81,12 @@ class TrainConfig:
             raise ValueError(f"lr must be a positive finite number, got {self.lr!r}")
         if not all(0.0 <= b < 1.0 for b in self.betas) or len(self.betas) != 2:
             raise ValueError(f"betas must be two numbers in [0, 1), got {self.betas!r}")
-        if self.eps <= 0 or self.weight_decay < 0:
-            raise ValueError(f"eps must be > 0 and weight_decay >= 0, got {self.eps!r}, {self.weight_decay!r}")
-        if self.grad_clip is not None and not self.grad_clip > 0:
-            raise ValueError(f"grad_clip must be > 0 or None, got {self.grad_clip!r}")
-        if not 0.0 <= self.label_smoothing < 1.0:
-            raise ValueError(f"label_smoothing must be in [0, 1), got {self.label_smoothing!r}")
+        if not (self.eps > 0 and math.isfinite(self.eps)):
+            raise ValueError(f"eps must be a positive finite number, got {self.eps!r}")
+        if not (self.weight_decay >= 0 and math.isfinite(self.weight_decay)):
+            raise ValueError(f"weight_decay must be a finite number >= 0, got {self.weight_decay!r}")
+        if self.grad_clip is not None and not (self.grad_clip > 0 and math.isfinite(self.grad_clip)):
+            raise ValueError(f"grad_clip must be a positive finite number or None, got {self.grad_clip!r}")
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
@@ -148,33 +153,68 @@ def _autocast(device: torch.device, dtype: torch.dtype | None):
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 
-def accumulate_gradients(model: nn.Module, batch: Batch, accum_steps: int, *, label_smoothing: float = 0.0,
-                         autocast_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """Backpropagate the batch's mean target-token loss in ``accum_steps`` micro-batches.
+Loss = Callable[[nn.Module, Batch], "tuple[torch.Tensor, torch.Tensor]"]
+"""``loss(model, batch) -> (summed loss, count)``: 0-d tensors; the loop divides the gradient by the count."""
 
-    Each micro-batch's *summed* loss is divided by the whole batch's target count, so the
-    accumulated gradient is the big batch's (000 §5.7, see :mod:`halluc_lab.sft` on why not
-    the mean of micro-batch means). Returns the loss (a 0-d tensor, no host sync).
+
+@dataclass(frozen=True)
+class NextTokenLoss:
+    """Next-token cross-entropy summed over the batch's target tokens (000 §5.2–5.4, 001 eq. 9).
+
+    The loss of pre-training (every token a target) and of SFT (completion-only labels): which
+    tokens count is decided by the batch's labels, not here.
+    """
+
+    label_smoothing: float = 0.0  # ε of 004 §3.7
+
+    def __post_init__(self):
+        if not (isinstance(self.label_smoothing, (int, float)) and 0.0 <= self.label_smoothing < 1.0):
+            raise ValueError(f"label_smoothing must be in [0, 1), got {self.label_smoothing!r}")
+
+    def __call__(self, model: nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = model(batch.input_ids, **batch.model_kwargs())  # (B, T, V)
+        summed = causal_lm_loss(logits, batch.labels, label_smoothing=self.label_smoothing, reduction="sum")
+        return summed, batch.n_targets
+
+
+def _sync_gradients(model: nn.Module, last: bool):
+    """The seam for data parallelism: a model wrapped for it (``no_sync``, as DistributedDataParallel
+    has) all-reduces its gradients only on the last micro-batch of a step."""
+    no_sync = getattr(model, "no_sync", None)
+    return contextlib.nullcontext() if last or no_sync is None else no_sync()
+
+
+def accumulate_gradients(model: nn.Module, batch: Batch, accum_steps: int, *, loss: Loss = NextTokenLoss(),
+                         autocast_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Backpropagate the batch's mean loss in ``accum_steps`` micro-batches; return (mean loss, count).
+
+    Each micro-batch's *summed* loss is backpropagated and the accumulated gradient divided once by
+    the whole batch's count, so it is the big batch's gradient whatever the micro-batches hold
+    (000 §5.7, see the module docstring). Both results are 0-d tensors: no host sync.
     """
     n_rows = batch.input_ids.shape[0]
     if not isinstance(accum_steps, int) or not 1 <= accum_steps <= n_rows:
         raise ValueError(f"accum_steps must be an int in [1, {n_rows}] (the batch's rows), got {accum_steps!r}")
     device = batch.input_ids.device
-    n_targets = batch.n_targets.clamp_min(1)
-    total = torch.zeros((), device=device)
-    for rows in torch.arange(n_rows, device=device).tensor_split(accum_steps):
-        mb = batch[rows]
-        with _autocast(device, autocast_dtype):
-            logits = model(mb.input_ids, **mb.model_kwargs())  # (b, T, V)
-        loss = causal_lm_loss(logits, mb.labels, label_smoothing=label_smoothing, reduction="sum") / n_targets
-        loss.backward()
-        total += loss.detach()
-    return total
+    total, count = torch.zeros((), device=device), torch.zeros((), device=device)
+    chunks = torch.arange(n_rows, device=device).tensor_split(accum_steps)
+    for i, rows in enumerate(chunks):
+        with _sync_gradients(model, last=i == len(chunks) - 1):
+            with _autocast(device, autocast_dtype):
+                summed, n = loss(model, batch[rows])
+            summed.backward()
+        total += summed.detach()
+        count += n
+    scale = 1.0 / count.clamp_min(1)  # a step without targets is reported at the next flush
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    if grads:
+        torch._foreach_mul_(grads, scale)
+    return total * scale, count
 
 
 def train(model: nn.Module, data: Callable[[int], Batch], cfg: TrainConfig, *,
           checkpoint_dir: str | os.PathLike | None = None, resume: bool = False,
-          prepare: Callable[[nn.Module, Batch, int], Batch] | None = None,
+          loss: Loss = NextTokenLoss(), prepare: Callable[[nn.Module, Batch, int], Batch] | None = None,
           autocast_dtype: torch.dtype | None = None, desc: str = "train") -> History:
     """Train ``model`` for ``cfg.steps`` optimizer steps; return the metrics history.
 
@@ -182,7 +222,8 @@ def train(model: nn.Module, data: Callable[[int], Batch], cfg: TrainConfig, *,
         model: maps ``input_ids (B, T)`` (and the batch's model kwargs) to logits (B, T, V).
         data: ``data(i)`` is the whole batch of optimizer step ``i + 1``; it is split into
             ``cfg.accum_steps`` micro-batches whose summed losses are divided by the batch's
-            target-token count, so the gradient equals the big batch's.
+            count, so the gradient equals the big batch's.
+        loss: ``loss(model, batch) -> (summed loss, count)``; next-token cross-entropy by default.
         checkpoint_dir: where to save checkpoints (every ``cfg.checkpoint_every`` steps and at the end).
         resume: continue from the latest checkpoint in ``checkpoint_dir`` if there is one.
         prepare: ``prepare(model, batch, step) -> batch`` run before the step (scheduled sampling).
@@ -210,12 +251,11 @@ def train(model: nn.Module, data: Callable[[int], Batch], cfg: TrainConfig, *,
         batch = data(step - 1).to(device)
         if prepare is not None:
             batch = prepare(model, batch, step)
-        total = accumulate_gradients(model, batch, cfg.accum_steps, label_smoothing=cfg.label_smoothing,
-                                     autocast_dtype=autocast_dtype)
+        total, count = accumulate_gradients(model, batch, cfg.accum_steps, loss=loss, autocast_dtype=autocast_dtype)
         grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip or math.inf)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        pending.append((step, lr, total, grad_norm, batch.input_ids.numel()))
+        pending.append((step, lr, total, grad_norm, count, batch.input_ids.numel()))
         save_now = checkpoint_dir is not None and (
             step == cfg.steps or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0))
         if step % cfg.log_every == 0 or step == cfg.steps or save_now:
@@ -227,13 +267,17 @@ def train(model: nn.Module, data: Callable[[int], Batch], cfg: TrainConfig, *,
 
 
 def _flush(pending: list, history: History, clock: float) -> float:
-    """Move the pending step records to the history (one host sync); check the loss is finite."""
+    """Move the pending step records to the history (one host sync); check the loss is finite and
+    that every step had something to learn from."""
     if not pending:
         return clock
-    values = torch.stack([torch.stack([p[2].float(), p[3].float()]) for p in pending]).tolist()
+    values = torch.stack([torch.stack([p[2].float(), p[3].float(), p[4].float()]) for p in pending]).tolist()
     now = time.perf_counter()
-    rate = sum(p[4] for p in pending) / max(now - clock, 1e-9)
-    for (step, lr, *_), (loss, gn) in zip(pending, values):
+    rate = sum(p[5] for p in pending) / max(now - clock, 1e-9)
+    for (step, lr, *_), (loss, gn, count) in zip(pending, values):
+        if count == 0:
+            raise ValueError(f"the batch of step {step} has no target tokens (every label is IGNORE, or the "
+                             "loss counted nothing): check the data's labels")
         if not math.isfinite(loss):
             raise FloatingPointError(f"the loss is {loss} at step {step} (lr {lr:.3g}): "
                                      "lower the learning rate or check the data")

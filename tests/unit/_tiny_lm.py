@@ -46,3 +46,12 @@ class TinyLM(nn.Module):
             model = cls(TinyConfig(**json.load(f)))
         model.load_state_dict(load_file(os.path.join(directory, "model.safetensors")))
         return model
+
+
+def small_transformer(vocab_size: int, seed: int = 0):
+    """The lab's own decoder at a tiny size (2 layers, width 32), in eval mode."""
+    from halluc_lab.model import ModelConfig, Transformer
+
+    cfg = ModelConfig(vocab_size=vocab_size, hidden_size=32, n_layers=2, n_heads=4, n_kv_heads=2,
+                      max_positions=64, init_std=0.1)
+    return Transformer(cfg, seed=seed).eval()

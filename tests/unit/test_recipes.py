@@ -9,7 +9,8 @@ import torch
 
 from halluc_lab import recipes
 from halluc_lab.model import ModelConfig
-from halluc_lab.sft import IGNORE, BackspaceConfig
+from halluc_lab.data import IGNORE
+from halluc_lab.sft import BackspaceConfig
 from halluc_lab.tasks import ArithmeticConfig, make_task
 from halluc_lab.train import TrainConfig
 

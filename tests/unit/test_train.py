@@ -7,8 +7,8 @@ import os
 import pytest
 import torch
 
-from halluc_lab.sft import IGNORE, Batch, batches
-from halluc_lab.train import (CheckpointError, TrainConfig, accumulate_gradients, adamw_reference_step,
+from halluc_lab.data import IGNORE, Batch, batches
+from halluc_lab.train import (CheckpointError, NextTokenLoss, TrainConfig, accumulate_gradients, adamw_reference_step,
                               latest_checkpoint, load_checkpoint, lr_at, make_optimizer, train)
 from tests.unit._tiny_lm import TinyConfig, TinyLM
 
@@ -65,9 +65,10 @@ def test_accumulation_gives_the_large_batch_gradient(k):
     batch = rows()
     assert len(set((batch.labels != IGNORE).sum(1).tolist())) > 1  # micro-batches differ in target counts
     big, acc = model(dtype=torch.float64), model(dtype=torch.float64)
-    loss_big = accumulate_gradients(big, batch, 1)
-    loss_acc = accumulate_gradients(acc, batch, k)
+    loss_big, n_big = accumulate_gradients(big, batch, 1)
+    loss_acc, n_acc = accumulate_gradients(acc, batch, k)
     torch.testing.assert_close(loss_acc, loss_big, rtol=1e-12, atol=0)
+    assert n_acc.item() == n_big.item() == batch.n_targets.item()
     for a, b in zip(acc.parameters(), big.parameters()):
         torch.testing.assert_close(a.grad, b.grad, rtol=1e-10, atol=1e-14)
 
@@ -78,7 +79,7 @@ def test_mean_of_microbatch_means_is_not_the_large_batch_gradient_when_counts_di
     accumulate_gradients(big, batch, 1)
     naive = model(dtype=torch.float64)
     for half in (batch[:8], batch[8:]):  # 000 §5.7 literally: (1/K) Σ_k ∇L^(k) with per-micro-batch means
-        from halluc_lab.sft import causal_lm_loss
+        from halluc_lab.losses import causal_lm_loss
         (causal_lm_loss(naive(half.input_ids), half.labels) / 2).backward()
     assert not torch.allclose(naive.head.weight.grad, big.head.weight.grad, rtol=1e-6)
 
@@ -166,10 +167,42 @@ def test_non_finite_loss_raises():
 @pytest.mark.parametrize("kwargs, match", [({"steps": 0}, "steps"), ({"warmup_steps": 1000}, "warmup_steps"),
                                            ({"lr": -1.0}, "lr"), ({"accum_steps": 0}, "accum_steps"),
                                            ({"grad_clip": 0.0}, "grad_clip"), ({"betas": (0.9, 1.0)}, "betas"),
-                                           ({"label_smoothing": 1.0}, "label_smoothing")])
+                                           ({"eps": float("nan")}, "eps"), ({"eps": float("inf")}, "eps"),
+                                           ({"weight_decay": float("nan")}, "weight_decay"),
+                                           ({"weight_decay": float("inf")}, "weight_decay"),
+                                           ({"grad_clip": float("inf")}, "grad_clip")])
 def test_bad_config_values_raise(kwargs, match):
     with pytest.raises(ValueError, match=match):
         TrainConfig(**kwargs)
+
+
+def test_label_smoothing_out_of_range_raises():
+    with pytest.raises(ValueError, match="label_smoothing"):
+        NextTokenLoss(label_smoothing=1.0)
+
+
+def test_the_loop_trains_any_loss_it_is_given():
+    """A loss that counts rows, not tokens (as DPO or a reward model do): the loop divides by its count."""
+    calls = []
+
+    def last_token_loss(m, batch):
+        logits = m(batch.input_ids)  # (B, T, V)
+        calls.append(batch.input_ids.shape[0])
+        return -torch.log_softmax(logits[:, -2], -1).gather(-1, batch.input_ids[:, -1:]).sum(), \
+            torch.tensor(float(batch.input_ids.shape[0]))
+
+    m = model()
+    hist = train(m, batches(rows(16), 8, seed=0), TrainConfig(steps=30, lr=3e-2, warmup_steps=2, log_every=5,
+                                                              accum_steps=2), loss=last_token_loss)
+    assert calls[:2] == [4, 4] and len(calls) == 60
+    assert hist.loss[-1] < hist.loss[0]
+
+
+def test_a_batch_without_targets_is_an_error_not_a_silent_zero_loss():
+    empty = rows(8)
+    empty = Batch(empty.input_ids, torch.full_like(empty.labels, IGNORE))
+    with pytest.raises(ValueError, match="no target tokens"):
+        train(model(), batches(empty, 8, seed=0), TrainConfig(steps=2, warmup_steps=1, log_every=1))
 
 
 def test_bad_step_and_accumulation_raise():
