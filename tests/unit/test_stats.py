@@ -1,0 +1,90 @@
+"""Intervals and verdicts (halluc_lab.stats) against closed forms and scipy."""
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy.stats import binomtest, bootstrap
+
+from halluc_lab.stats import Interval, bootstrap_mean, paired_difference, verdict, wilson
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 500), st.data(), st.sampled_from([0.8, 0.9, 0.95, 0.99]))
+def test_wilson_matches_scipy(n, data, confidence):
+    k = data.draw(st.integers(0, n))
+    ours = wilson(k, n, confidence)
+    ref = binomtest(k, n).proportion_ci(confidence_level=confidence, method="wilson")
+    assert ours.estimate == k / n
+    assert ours.low == pytest.approx(ref.low, abs=1e-12)
+    assert ours.high == pytest.approx(ref.high, abs=1e-12)
+
+
+def test_wilson_by_hand_and_at_the_edges():
+    iv = wilson(8, 10)
+    assert (round(iv.low, 4), round(iv.high, 4)) == (0.4902, 0.9433)
+    zero = wilson(0, 20)
+    assert zero.low == 0.0 and 0 < zero.high < 0.2  # the normal interval would collapse to [0, 0]
+
+
+def test_bootstrap_mean_of_many_prompts_is_the_normal_interval():
+    """For n = 4000 draws the mean's bootstrap interval is x̄ ± 1.96 s/√n (the central limit theorem)."""
+    x = np.random.default_rng(1).normal(0.3, 1.0, 4000)
+    iv = bootstrap_mean(x)
+    half = 1.959964 * x.std(ddof=0) / math.sqrt(len(x))
+    assert iv.estimate == pytest.approx(x.mean())
+    assert iv.low == pytest.approx(x.mean() - half, abs=0.1 * half)
+    assert iv.high == pytest.approx(x.mean() + half, abs=0.1 * half)
+
+
+def test_paired_difference_agrees_with_scipy_paired_bootstrap():
+    rng = np.random.default_rng(2)
+    base = rng.random(300)
+    a = (rng.random(300) < base).astype(float)
+    b = (rng.random(300) < base * 0.8).astype(float)
+    ours = paired_difference(a, b)
+    ref = bootstrap((a, b), lambda x, y: np.mean(x - y), paired=True, vectorized=False, method="percentile",
+                    n_resamples=10_000, random_state=0).confidence_interval
+    width = ref.high - ref.low
+    assert ours.low == pytest.approx(ref.low, abs=0.05 * width)
+    assert ours.high == pytest.approx(ref.high, abs=0.05 * width)
+
+
+def test_pairing_cancels_what_both_arms_share():
+    """Two arms that differ by a constant 0.1 on every prompt: the paired interval is exactly 0.1."""
+    a = np.random.default_rng(3).random(200)
+    iv = paired_difference(a + 0.1, a)
+    assert iv.low == pytest.approx(0.1) and iv.high == pytest.approx(0.1)
+
+
+def test_seeds_widen_the_interval_when_they_disagree():
+    rng = np.random.default_rng(4)
+    prompts = rng.random(500)
+    same = np.stack([prompts] * 3)
+    spread = same + np.array([[-0.2], [0.0], [0.2]])
+    assert (bootstrap_mean(spread).high - bootstrap_mean(spread).low) > \
+        2 * (bootstrap_mean(same).high - bootstrap_mean(same).low)
+
+
+def test_the_bootstrap_is_reproducible_from_its_seed():
+    x = np.random.default_rng(5).random(100)
+    assert bootstrap_mean(x, seed=7) == bootstrap_mean(x, seed=7)
+
+
+@pytest.mark.parametrize("iv, expected", [(Interval(0.05, 0.01, 0.09), "A > B"), (Interval(-0.05, -0.09, -0.01), "A < B"),
+                                          (Interval(0.01, -0.02, 0.04), "no difference between A and B resolved")])
+def test_verdict_follows_the_interval(iv, expected):
+    assert verdict(iv) == expected
+    assert iv.excludes_zero == (expected != "no difference between A and B resolved")
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda: wilson(3, 2), "successes"), (lambda: wilson(1, 0), "n >= 1"), (lambda: wilson(1.0, 3), "int"),
+    (lambda: wilson(1, 3, confidence=1.0), "confidence"), (lambda: bootstrap_mean([1.0]), "at least"),
+    (lambda: bootstrap_mean([1.0, float("nan")]), "NaN"), (lambda: paired_difference([1, 0], [1, 0, 1]), "paired"),
+    (lambda: bootstrap_mean([1, 0, 1], resamples=10), "resamples")])
+def test_bad_input_is_rejected(call, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        call()
