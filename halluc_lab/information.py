@@ -85,7 +85,7 @@ def check_distribution(probs: torch.Tensor, dim: int = -1, name: str = "probs") 
         raise ValueError(f"{name} has no outcomes along dim {dim} (size 0)")
     total = _work_dtype(probs).sum(dim=dim)
     tol = sum_tolerance(probs.dtype)
-    worst = (total - 1).abs().max().item()
+    worst = (total - 1).abs().max().item() if total.numel() else 0.0  # an empty batch has no bad row
     if worst > tol:
         raise ValueError(f"{name} must sum to 1 along dim {dim} (tolerance {tol:.1e} for "
                          f"{probs.dtype}); the worst row is off by {worst:.3g}")

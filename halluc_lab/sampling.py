@@ -332,12 +332,15 @@ def _check_prompt(prompt: torch.Tensor) -> torch.Tensor:
     """A (T0,) or (N, T0) int64 prompt as (N, T0)."""
     if not isinstance(prompt, torch.Tensor) or prompt.dtype != torch.long or prompt.dim() not in (1, 2):
         raise ValueError("prompt must be an int64 tensor of shape (T0,) or (N, T0)")
+    if 0 in prompt.shape:  # the step would see no token to condition on
+        raise ValueError(f"prompt must have N >= 1 rows of T0 >= 1 tokens, got shape {tuple(prompt.shape)}")
     return prompt if prompt.dim() == 2 else prompt[None]
 
 
-def _check_count(value: int, name: str, low: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, Integral) or value < low:
-        raise ValueError(f"{name} must be an int in [{low}, inf), got {value!r}")
+def _check_count(value: int, name: str, low: int, high: int | None = None) -> None:
+    top, allowed = (math.inf, f"[{low}, inf)") if high is None else (high, f"[{low}, {high}]")
+    if isinstance(value, bool) or not isinstance(value, Integral) or not low <= value <= top:
+        raise ValueError(f"{name} must be an int in {allowed}, got {value!r}")
 
 
 def decode(step: Step, prompt: torch.Tensor, max_new_tokens: int,
@@ -358,6 +361,8 @@ def decode(step: Step, prompt: torch.Tensor, max_new_tokens: int,
     done = torch.zeros(tokens.shape[0], dtype=torch.bool, device=tokens.device)  # (N,)
     for _ in range(max_new_tokens):
         logits = _call_step(step, tokens)  # (N, V)
+        if eos_token is not None:  # a token id of the vocabulary the step's logits have
+            _check_count(eos_token, "eos_token", 0, logits.shape[-1] - 1)
         nxt = choose(logits)  # (N,)
         if eos_token is not None:
             nxt = torch.where(done, eos_token, nxt)
@@ -415,8 +420,7 @@ def beam_search(step: Step, prompt: torch.Tensor, beam_width: int, max_new_token
         V = logits.shape[-1]
         logp = log_softmax(logits).view(N, B, V)  # (N, B, V), float32 or float64
         if eos_token is not None:
-            if not 0 <= eos_token < V:
-                raise ValueError(f"eos_token must be in [0, {V - 1}], got {eos_token}")
+            _check_count(eos_token, "eos_token", 0, V - 1)
             frozen = torch.full_like(logp, -math.inf)
             frozen[..., eos_token] = 0.0
             logp = torch.where(done[..., None], frozen, logp)
@@ -445,6 +449,8 @@ def _ngram_ids(tokens: torch.Tensor, n: int) -> torch.Tensor:
     """(S, L) token ids -> (S, L - n + 1) integer codes of their n-grams."""
     if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2 or tokens.dtype != torch.long:
         raise ValueError("tokens must be an int64 tensor of shape (S, L)")
+    if 0 in tokens.shape:  # no sequence, or no n-gram, to average over
+        raise ValueError(f"tokens must hold S >= 1 sequences of L >= 1 tokens, got shape {tuple(tokens.shape)}")
     if tokens.numel() and int(tokens.min()) < 0:
         raise ValueError("tokens must be token ids in [0, inf)")
     _check_count(n, "n", 1)

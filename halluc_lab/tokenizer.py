@@ -19,7 +19,12 @@ the vocabulary, so a checkpoint directory also loads with ``AutoTokenizer``. Not
 downloaded.
 
 Departures: an unknown symbol raises ``ValueError`` (a real tokenizer would map it to an
-``<unk>`` token; here it is always a bug in the caller).
+``<unk>`` token; here it is always a bug in the caller). The vocabulary has no ``<unk>`` (adding
+one would change every model's vocabulary size), and mapping unknown symbols to an existing
+special token would hide the bug, so the export raises too: :meth:`Tokenizer.to_hf` names the
+unknown symbols in a ``ValueError``. A tokenizer loaded back with ``AutoTokenizer`` is the plain
+``PreTrainedTokenizerFast``, which cannot carry that check: it raises the ``tokenizers`` library's
+own ``WordLevel error: Missing [UNK] token``.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterable, Sequence
+from functools import cache
 
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<bksp>", "<abstain>")
 PAD, BOS, EOS, BKSP, ABSTAIN = SPECIAL_TOKENS
@@ -114,9 +120,12 @@ class Tokenizer:
         every encoded text (as :func:`halluc_lab.sft` does for prompts), so
         ``hf_tok("1 + 2 =").input_ids == [bos_id] + tok.encode("1 + 2 =")``.
         """
+        return self._hf(_strict_hf_class())
+
+    def _hf(self, hf_class: type):
+        """The export as an instance of ``hf_class`` (a ``PreTrainedTokenizerFast``)."""
         from tokenizers import Tokenizer as RawTokenizer
         from tokenizers import decoders, models, pre_tokenizers, processors
-        from transformers import PreTrainedTokenizerFast
 
         raw = RawTokenizer(models.WordLevel(dict(self._ids)))  # no unk token: unknown words raise
         raw.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
@@ -124,14 +133,16 @@ class Tokenizer:
             single=f"{BOS} $A", pair=f"{BOS} $A $B", special_tokens=[(BOS, self.bos_id)])
         raw.decoder = decoders.WordPiece(prefix="##", cleanup=False)  # joins words with spaces
         raw.add_special_tokens(list(SPECIAL_TOKENS))
-        return PreTrainedTokenizerFast(
+        return hf_class(
             tokenizer_object=raw, pad_token=PAD, bos_token=BOS, eos_token=EOS,
             additional_special_tokens=[BKSP, ABSTAIN], model_max_length=1 << 20)
 
     def save(self, directory: str | os.PathLike) -> None:
         """Write the HF tokenizer files (``AutoTokenizer`` loads them) and our symbol list."""
         os.makedirs(directory, exist_ok=True)
-        self.to_hf().save_pretrained(directory)
+        from transformers import PreTrainedTokenizerFast
+
+        self._hf(PreTrainedTokenizerFast).save_pretrained(directory)  # the class AutoTokenizer knows
         with open(os.path.join(directory, _VOCAB_FILE), "w") as f:
             json.dump({"tokens": list(self.tokens)}, f, indent=0)
 
@@ -141,8 +152,51 @@ class Tokenizer:
         path = os.path.join(directory, _VOCAB_FILE)
         if not os.path.exists(path):
             raise FileNotFoundError(f"no {_VOCAB_FILE} in {directory}: not a Halluc Lab tokenizer directory")
-        with open(path) as f:
-            tokens = json.load(f)["tokens"]
+        try:
+            with open(path, encoding="utf-8") as f:
+                data = json.load(f)
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise ValueError(f"{path}: not valid JSON ({err}); expected {{\"tokens\": [...]}}") from None
+        if not isinstance(data, dict) or "tokens" not in data:
+            got = f"keys {sorted(data)}" if isinstance(data, dict) else f"a JSON {type(data).__name__}"
+            raise ValueError(f"{path}: expected a JSON object with a 'tokens' key, got {got}")
+        tokens = data["tokens"]
+        if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
+            raise ValueError(f"{path}: 'tokens' must be a list of strings, got {str(tokens)[:80]}")
         if tuple(tokens[:len(SPECIAL_TOKENS)]) != SPECIAL_TOKENS:
             raise ValueError(f"{path}: the vocabulary must start with {SPECIAL_TOKENS}, got {tokens[:5]}")
-        return cls(tokens[len(SPECIAL_TOKENS):])
+        try:
+            return cls(tokens[len(SPECIAL_TOKENS):])
+        except ValueError as err:
+            raise ValueError(f"{path}: {err}") from None
+
+
+@cache
+def _strict_hf_class() -> type:
+    """``PreTrainedTokenizerFast`` that names unknown symbols in a ``ValueError`` (built on first use, so
+    that importing this module needs no ``transformers``)."""
+    from transformers import PreTrainedTokenizerFast
+
+    class StrictTokenizerFast(PreTrainedTokenizerFast):
+        # Every encoding path of transformers 5 (__call__, encode, tokenize) runs _encode_plus.
+        def _encode_plus(self, text, text_pair=None, *args, **kwargs):
+            try:
+                return super()._encode_plus(text, text_pair, *args, **kwargs)
+            except Exception as err:
+                if "Missing [UNK] token" not in str(err):
+                    raise
+                vocab = self.get_vocab()
+                unknown = sorted({w for t in _strings((text, text_pair)) for w in t.split()} - vocab.keys())
+                raise ValueError(f"unknown symbol(s) {unknown}: not in this vocabulary of {len(vocab)} tokens "
+                                 f"(the export has no <unk> token; see halluc_lab.tokenizer)") from None
+
+    return StrictTokenizerFast
+
+
+def _strings(x) -> Iterable[str]:
+    """Every string inside nested lists and tuples (the shapes of a tokenizer's text arguments)."""
+    if isinstance(x, str):
+        yield x
+    elif isinstance(x, (list, tuple)):
+        for y in x:
+            yield from _strings(y)

@@ -19,9 +19,11 @@ writes it may contain ``<bksp>`` tokens and end in ``<eos>`` and padding:
 from __future__ import annotations
 
 import hashlib
+import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
+from numbers import Real
 
 from halluc_lab.tokenizer import ABSTAIN, BKSP, BOS, EOS, PAD
 
@@ -84,8 +86,7 @@ def split_of(key: str, heldout_fraction: float, salt: int) -> str:
 
     Hash-based assignment keeps the splits disjoint however many examples are drawn.
     """
-    if not 0.0 < heldout_fraction < 1.0:
-        raise ValueError(f"heldout_fraction must be in (0, 1), got {heldout_fraction!r}")
+    check_fraction("heldout_fraction", heldout_fraction)
     digest = hashlib.sha256(f"{salt}:{key}".encode()).digest()
     u = int.from_bytes(digest[:8], "big") / 2**64
     return "heldout" if u < heldout_fraction else "train"
@@ -97,10 +98,24 @@ def check_split(split: str) -> None:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
 
 
-def check_count(name: str, n: int, low: int = 0) -> None:
-    """ValueError unless ``n`` is an int >= low."""
-    if not isinstance(n, int) or isinstance(n, bool) or n < low:
-        raise ValueError(f"{name} must be an int >= {low}, got {n!r}")
+def check_count(name: str, n: int, low: int = 0, high: int | None = None) -> None:
+    """ValueError unless ``n`` is an int >= low (and <= high, when given)."""
+    if not isinstance(n, int) or isinstance(n, bool) or n < low or (high is not None and n > high):
+        allowed = f">= {low}" if high is None else f"in [{low}, {high}]"
+        raise ValueError(f"{name} must be an int {allowed}, got {n!r}")
+
+
+def check_fraction(name: str, value: float, zero_ok: bool = False) -> None:
+    """ValueError unless ``value`` is a number in (0, 1), or [0, 1) with ``zero_ok`` (so never NaN or inf)."""
+    real = isinstance(value, Real) and not isinstance(value, bool)
+    if not (real and (0.0 <= value if zero_ok else 0.0 < value) and value < 1.0):
+        raise ValueError(f"{name} must be in {'[0' if zero_ok else '(0'}, 1), got {value!r}")
+
+
+def check_finite(name: str, value: float) -> None:
+    """ValueError unless ``value`` is a finite number (not NaN, not inf)."""
+    if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number in (-inf, inf), got {value!r}")
 
 
 def rng_for(seed: int, *tags: object) -> random.Random:
@@ -130,7 +145,8 @@ class Task:
     """The interface every task implements; :meth:`reward` and :meth:`tokenizer` are shared.
 
     Subclasses set ``name`` and ``config`` and implement :meth:`symbols`, :meth:`examples`,
-    :meth:`gold`, :meth:`claims`, :meth:`pretraining_documents` and :meth:`plausible_error`.
+    :meth:`examples_by_length`, :meth:`gold`, :meth:`claims`, :meth:`pretraining_documents` and
+    :meth:`plausible_error`; a task whose answers can abstain refines :meth:`abstention_warranted`.
     """
 
     name: str = "task"
@@ -165,6 +181,18 @@ class Task:
         """A wrong symbol a model could plausibly write at completion ``position``."""
         raise NotImplementedError
 
+    def examples_by_length(self, split: str, n: int, seed: int) -> dict[int, list[Example]]:
+        """``n`` examples of the split for each answer length the task has, keyed by the length in
+        the task's own measure (hops, answer digits, path nodes), shortest first."""
+        raise NotImplementedError
+
+    def abstention_warranted(self, prompt: str, completion: str | Sequence[str], claim: Claim) -> bool:
+        """Whether an ABSTAINED claim of ``completion`` is what an expert would say in the state the
+        completion reached (not only on the gold path). Default: where the gold answer abstains."""
+        if claim.status != ABSTAINED:
+            raise ValueError(f"claim must be an abstention (status {ABSTAINED!r}), got status {claim.status!r}")
+        return claim.correct
+
     def reward(self, prompts: Sequence[str], completions: Sequence[str | Sequence[str]], *,
                correct_reward: float = 1.0, abstain_reward: float = 0.0, wrong_reward: float = 0.0,
                **kw) -> list[float]:
@@ -173,6 +201,9 @@ class Task:
         ``wrong_reward``. Extra keyword arguments are accepted and ignored (reward-function
         signature ``(prompts, completions, **kw) -> list[float]``)."""
         check_lengths(prompts, completions)
+        for name, value in (("correct_reward", correct_reward), ("abstain_reward", abstain_reward),
+                            ("wrong_reward", wrong_reward)):
+            check_finite(name, value)
         return [exact_reward(completion_symbols(self.gold(p)), completion_symbols(c),
                              correct_reward=correct_reward, abstain_reward=abstain_reward,
                              wrong_reward=wrong_reward)

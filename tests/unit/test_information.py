@@ -191,6 +191,14 @@ def test_bad_log_probs_are_rejected():
         sequence_perplexity(torch.tensor([-1.0]), torch.tensor([False]))
 
 
+def test_an_empty_batch_of_distributions_gives_empty_results():
+    empty = torch.zeros(0, 5)
+    assert entropy(empty).shape == (0,)
+    assert kl_divergence(empty, empty).shape == cross_entropy(empty, empty).shape == (0,)
+    with pytest.raises(ValueError, match="no outcomes"):
+        entropy(torch.zeros(3, 0))
+
+
 def test_sum_tolerance_scales_with_precision():
     assert sum_tolerance(torch.float64) == 1e-6
     assert 1e-4 < sum_tolerance(torch.float32) < 2e-4

@@ -533,6 +533,31 @@ def test_bad_beam_and_decode_arguments_raise():
         S.beam_search(step, torch.tensor([0]), 2, 3, length_bonus=math.nan)
 
 
+def test_empty_prompts_raise_naming_the_shape():
+    step = markov_step(random_logits((4, 4), 0))
+    for prompt in (torch.zeros(0, dtype=torch.long), torch.zeros(2, 0, dtype=torch.long),
+                   torch.zeros(0, 3, dtype=torch.long)):
+        with pytest.raises(ValueError, match=r"prompt must have N >= 1 rows of T0 >= 1 tokens"):
+            S.decode(step, prompt, 2)
+        with pytest.raises(ValueError, match=r"prompt must have N >= 1 rows of T0 >= 1 tokens"):
+            S.beam_search(step, prompt, 2, 2)
+
+
+@pytest.mark.parametrize("eos", [4, -1, 2.0, True])
+def test_decode_rejects_an_eos_token_outside_the_vocabulary_of_the_first_step(eos):
+    step = markov_step(random_logits((4, 4), 0))  # V = 4
+    with pytest.raises(ValueError, match=r"eos_token must be an int in \[0, 3\]"):
+        S.decode(step, torch.tensor([0]), 3, eos_token=eos)
+    one_token = lambda tokens: torch.zeros(tokens.shape[0], 1)  # V = 1: token 0 is the only valid eos
+    assert S.decode(one_token, torch.tensor([0]), 3, eos_token=0).tolist() == [0, 0]
+
+
+def test_repetition_rate_of_no_sequences_or_no_tokens_raises():
+    for tokens in (torch.zeros(0, 5, dtype=torch.long), torch.zeros(3, 0, dtype=torch.long)):
+        with pytest.raises(ValueError, match=r"tokens must hold S >= 1 sequences of L >= 1 tokens"):
+            S.repetition_rate(tokens, 1)
+
+
 # --- on the GPU: no host synchronisation, CUDA-graph capture -----------------------------------
 
 @pytest.mark.gpu

@@ -198,3 +198,80 @@ def test_path_star_config_needs_enough_labels():
 def test_arithmetic_gold_is_the_sum(a, b):
     task = Arithmetic(ArithmeticConfig(max_digits=3))
     assert int(task.gold(task.example(a, b).prompt).replace(" ", "")) == a + b
+
+
+# -- hard edges: bad configs raise, the largest world builds, the recipe worlds never change -----------
+def test_kb_walk_more_relations_or_entities_than_allowed_raise_instead_of_hanging():
+    from halluc_lab.tasks.kb_walk import MAX_ENTITIES, MAX_RELATIONS, invented_words
+    with pytest.raises(ValueError, match=rf"n_relations must be an int in \[1, {MAX_RELATIONS}\]"):
+        KBWalkConfig(n_relations=MAX_RELATIONS + 1)
+    with pytest.raises(ValueError, match=rf"n_entities must be an int in \[2, {MAX_ENTITIES}\]"):
+        KBWalkConfig(n_entities=MAX_ENTITIES + 1)
+    with pytest.raises(ValueError, match=r"n must be an int in \[0, 980\]"):  # 14 · 5 · 14 one-syllable words
+        invented_words(981, random.Random(0), syllables=1)
+    assert len(set(invented_words(980, random.Random(0), syllables=1))) == 980
+
+
+def test_kb_walk_largest_allowed_world_builds():
+    from halluc_lab.tasks.kb_walk import MAX_ENTITIES, MAX_RELATIONS
+    task = KBWalk(KBWalkConfig(n_entities=MAX_ENTITIES, n_relations=MAX_RELATIONS))
+    assert len(task.entities) == MAX_ENTITIES and len(task.relations) == MAX_RELATIONS
+    assert all(answer != e for (e, _), answer in task.facts.items())
+    assert len(task.examples("heldout", 5, seed=0)) == 5
+
+
+@pytest.mark.parametrize("field, value, match", [
+    ("p_missing", float("nan"), r"p_missing must be in \[0, 1\)"),
+    ("p_rare", float("inf"), r"p_rare must be in \[0, 1\)"),
+    ("heldout_fraction", float("nan"), r"heldout_fraction must be in \(0, 1\)"),
+    ("train_missing_fraction", "0.5", r"train_missing_fraction must be in \(0, 1\)"),
+    ("rare_counts", (1,), "rare_counts must be"),
+    ("rare_counts", (1.0, 3), "rare_counts must be"),
+])
+def test_kb_walk_config_rejects_non_finite_or_mistyped_fractions_and_counts(field, value, match):
+    with pytest.raises(ValueError, match=match):
+        KBWalkConfig(**{field: value})
+
+
+@pytest.mark.parametrize("keyword", ["correct_reward", "abstain_reward", "wrong_reward"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), "1"])
+def test_reward_values_must_be_finite_numbers(keyword, bad):
+    task = TASKS[1]
+    with pytest.raises(ValueError, match=rf"{keyword} must be a finite number"):
+        task.reward(["1 + 2 ="], ["3"], **{keyword: bad})
+
+
+def _world_digest(task, documents: bool) -> str:
+    """A digest of what a seeded task generates: examples, the kb_walk world, optionally pre-training text."""
+    import hashlib
+    import json
+    data = [[(e.prompt, e.completion) for split in ("train", "heldout") for e in task.examples(split, 20, seed=0)]]
+    if isinstance(task, KBWalk):
+        data.append([task.entities, task.relations,
+                     sorted((e, r, x, task.counts[(e, r)]) for (e, r), x in task.facts.items())])
+    if documents:
+        data.append(task.pretraining_documents(0)[:50])
+    return hashlib.sha256(json.dumps(data).encode()).hexdigest()[:16]
+
+
+# The configs of halluc_lab.recipes._task_config at both scales: cached models and committed results were
+# trained on exactly these worlds, so any change to what they generate must be deliberate. The digests were
+# computed before kb_walk's fact drawing was made linear. Full-scale pre-training corpora take seconds to
+# build, so only the smoke scale pins pre-training text (the same code writes both).
+@pytest.mark.parametrize("task, documents, expected", [
+    (KBWalk(KBWalkConfig(n_entities=120, n_relations=6, common_count=3400, facts_per_document=7, max_hops=4)),
+     False, "6a600a0755b641a0"),
+    (KBWalk(KBWalkConfig(n_entities=24, n_relations=4, common_count=600, facts_per_document=7, max_hops=3)),
+     True, "9eba32876c023d45"),
+    (Arithmetic(ArithmeticConfig(max_digits=3, n_pretrain_documents=192_000, equations_per_document=3)),
+     False, "1d3e77057e828f20"),
+    (Arithmetic(ArithmeticConfig(max_digits=2, n_pretrain_documents=4000, equations_per_document=3)),
+     True, "cd5cda8d761c8943"),
+    (PathStar(PathStarConfig(degree=2, path_length=5, n_nodes=20, n_pretrain_documents=192_000)),
+     False, "192046692d573135"),
+    (PathStar(PathStarConfig(degree=2, path_length=4, n_nodes=16, n_pretrain_documents=6000)),
+     True, "c4c4aeaa075d916d"),
+], ids=["kb_walk-full", "kb_walk-smoke", "arithmetic-full", "arithmetic-smoke", "path_star-full",
+        "path_star-smoke"])
+def test_recipe_worlds_are_unchanged(task, documents, expected):
+    assert _world_digest(task, documents) == expected

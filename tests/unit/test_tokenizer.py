@@ -1,5 +1,7 @@
 """Word-level tokenizer: round trips, special tokens, unknown symbols, the Hugging Face export."""
 
+import json
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -68,3 +70,29 @@ def test_saved_tokenizer_loads_with_autotokenizer_and_with_load(tmp_path):
 def test_load_rejects_a_directory_without_our_vocabulary(tmp_path):
     with pytest.raises(FileNotFoundError, match="halluc_vocab.json"):
         Tokenizer.load(tmp_path)
+
+
+def test_hf_export_names_unknown_symbols_instead_of_the_raw_word_level_error():
+    hf = Tokenizer(SYMBOLS).to_hf()
+    for encode in (hf, hf.encode, hf.tokenize, lambda t: hf([t, "1 +"]), lambda t: hf("1", t)):
+        with pytest.raises(ValueError, match=r"unknown symbol\(s\) \['7', 'x'\]") as err:
+            encode("1 + 7 x")
+        assert "WordLevel" not in str(err.value)
+
+
+@pytest.mark.parametrize("content, match", [
+    ("{not json", "not valid JSON"),
+    (b"\xff\xfe", "not valid JSON"),
+    (json.dumps({"symbols": []}), "with a 'tokens' key, got keys \\['symbols'\\]"),
+    (json.dumps(["<pad>"]), "with a 'tokens' key, got a JSON list"),
+    (json.dumps({"tokens": "<pad> <bos>"}), "'tokens' must be a list of strings"),
+    (json.dumps({"tokens": ["<pad>", 1]}), "'tokens' must be a list of strings"),
+    (json.dumps({"tokens": ["a", "b"]}), "must start with"),
+    (json.dumps({"tokens": [*SPECIAL_TOKENS, "a", "a"]}), "unique"),
+])
+def test_load_of_a_corrupt_vocabulary_file_names_the_file_and_the_problem(tmp_path, content, match):
+    path = tmp_path / "halluc_vocab.json"
+    path.write_bytes(content) if isinstance(content, bytes) else path.write_text(content)
+    with pytest.raises(ValueError, match=match) as err:
+        Tokenizer.load(tmp_path)
+    assert str(path) in str(err.value)
