@@ -1,4 +1,4 @@
-"""Device, dtype, seeding and scales: chosen once per notebook (DESIGN.md §3).
+"""Device, dtype, seeding, determinism and scales: chosen once per notebook (ARCHITECTURE.md §3).
 
 Every chapter starts with a ``parameters`` cell holding ``scale``, ``seed`` and
 ``device``; its next cell calls :func:`setup`, which resolves them into a
@@ -9,6 +9,14 @@ Every chapter starts with a ``parameters`` cell holding ``scale``, ``seed`` and
     steps = rt.pick(smoke=200, full=5_000)
 
 Library code never names a device: it takes the device from its tensors or model.
+
+Determinism. Same seed, same device type, same code: bit-identical losses, weights and
+evaluation numbers, on the GPU too. :func:`deterministic` turns on PyTorch's deterministic
+algorithms (which also makes ``torch.compile`` skip benchmark-driven kernel choices), turns off
+cuDNN's benchmark mode, and cuBLAS gets a fixed workspace (``CUBLAS_WORKSPACE_CONFIG``, read
+when its first handle is made, hence set when this module is imported). :func:`setup` turns it on
+for a whole notebook and :func:`halluc_lab.train.train` for every training run. What it costs in
+speed is measured in ``benchmarks/train_step.py`` and recorded on the results page.
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,6 +34,11 @@ ENV_DEVICE = "HALLUC_DEVICE"  # overrides device="auto", e.g. HALLUC_DEVICE=cpu
 ENV_THREADS = "HALLUC_THREADS"  # CPU threads for torch (default 1, see setup)
 SCALES = ("auto", "smoke", "full")
 DEVICES = ("auto", "cpu", "cuda", "mps")
+
+# cuBLAS chooses how to split a GEMM's reduction by the workspace it has; a fixed workspace makes the
+# split, and so the bits, the same every run (CUDA docs, "Results reproducibility"). Read once, when
+# the first cuBLAS handle is created: it must be in the environment before any GPU matrix product.
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
 
 @dataclass(frozen=True)
@@ -107,14 +121,39 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+@contextlib.contextmanager
+def deterministic(enabled: bool = True) -> Iterator[None]:
+    """Run the body with deterministic kernels (or without them), restoring the previous setting after."""
+    before = (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.benchmark,
+              torch.backends.cudnn.deterministic)
+    set_deterministic(enabled)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before[0])
+        torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = before[1], before[2]
+
+
+def set_deterministic(enabled: bool = True) -> None:
+    """Deterministic kernels on (or off) for the rest of the process."""
+    torch.use_deterministic_algorithms(enabled)
+    torch.backends.cudnn.benchmark = not enabled
+    torch.backends.cudnn.deterministic = enabled
+    # Deterministic mode also fills every new uninitialised tensor with NaN, so that reading one shows.
+    # The lab never reads memory it has not written, and the fill is a kernel per allocation.
+    torch.utils.deterministic.fill_uninitialized_memory = False
+
+
 def setup(scale: str = "auto", device: str = "auto", seed: int = 0, verbose: bool = True) -> Runtime:
-    """Resolve a notebook's parameters into a :class:`Runtime`, seed everything, print why.
+    """Resolve a notebook's parameters into a :class:`Runtime`, seed everything, turn on
+    deterministic kernels, print why.
 
     On a CPU it also sets torch to ``$HALLUC_THREADS`` threads (default 1).
     """
     dev, reason = choose_device(device)
     resolved = resolve_scale(scale, dev)
     seed_everything(seed)
+    set_deterministic(True)
     if dev.type == "cpu":
         # The lab's tensors are small: one CPU thread is as fast as several, and on a busy machine
         # threads that wait for each other made small steps up to ten times slower (2-core VM).

@@ -43,6 +43,7 @@ import torch
 from torch import nn
 
 from halluc_lab.data import Batch
+from halluc_lab.device import deterministic
 from halluc_lab.losses import causal_lm_loss
 from halluc_lab.progress import progress
 
@@ -229,6 +230,12 @@ def train(model: nn.Module, data: Callable[[int], Batch], cfg: TrainConfig, *,
         prepare: ``prepare(model, batch, step) -> batch`` run before the step (scheduled sampling).
         autocast_dtype: e.g. ``torch.bfloat16`` for autocast on the model's device; None for none.
     """
+    with deterministic():  # same seed, same device type: the same bits (ARCHITECTURE.md §3)
+        return _train_loop(model, data, cfg, checkpoint_dir, resume, loss, prepare, autocast_dtype, desc)
+
+
+def _train_loop(model, data, cfg, checkpoint_dir, resume, loss, prepare, autocast_dtype, desc) -> History:
+    """The body of :func:`train`."""
     device = next(model.parameters()).device
     opt = make_optimizer(model, cfg)
     history, start = History(), 1

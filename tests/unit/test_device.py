@@ -78,3 +78,24 @@ def test_cpu_setup_uses_one_thread_unless_told_otherwise(monkeypatch):
             dev.setup(device="cpu", verbose=False)
     finally:
         torch.set_num_threads(before)
+
+
+def test_deterministic_context_turns_the_kernels_on_and_restores_the_setting():
+    from halluc_lab.device import deterministic
+
+    before = torch.are_deterministic_algorithms_enabled()
+    with deterministic(True):
+        assert torch.are_deterministic_algorithms_enabled()
+        assert not torch.backends.cudnn.benchmark
+    assert torch.are_deterministic_algorithms_enabled() == before
+    with deterministic(False):
+        assert not torch.are_deterministic_algorithms_enabled()
+    assert torch.are_deterministic_algorithms_enabled() == before
+
+
+def test_cublas_gets_a_fixed_workspace_before_any_gpu_work():
+    import os
+
+    import halluc_lab.device  # noqa: F401
+
+    assert os.environ["CUBLAS_WORKSPACE_CONFIG"] in (":4096:8", ":16:8")
