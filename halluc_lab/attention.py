@@ -25,6 +25,7 @@ Where the code departs from the documents:
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -66,14 +67,20 @@ def _allowed_and_bias(mask: Tensor | None, causal: bool, T_q: int, T_k: int,
     if mask is not None:
         if mask.dtype == torch.bool:
             allowed = mask if allowed is None else allowed & mask
-        elif mask.is_floating_point():
+        else:  # a float mask (checked by _check_mask)
             bias = mask
-        else:
-            raise TypeError(f"mask must be a bool tensor (True = keep) or an additive float tensor, got {mask.dtype}")
     return allowed, bias
 
 
 def _check_qkv(q: Tensor, k: Tensor, v: Tensor) -> None:
+    """Clear errors for what torch would report as a bare shape or dtype mismatch."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, Tensor) or not t.is_floating_point():
+            raise TypeError(f"{name} must be a floating-point tensor, got "
+                            f"{t.dtype if isinstance(t, Tensor) else type(t).__name__}")
+    if not q.dtype == k.dtype == v.dtype:
+        raise TypeError(f"q, k and v must share one dtype, got {q.dtype}, {k.dtype} and {v.dtype}; "
+                        "cast them first (e.g. k.to(q.dtype))")
     if q.ndim < 2 or k.ndim != q.ndim or v.ndim != q.ndim:
         raise ValueError(f"q, k, v must have the same rank >= 2, got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
     if q.shape[-1] != k.shape[-1]:
@@ -87,6 +94,29 @@ def _check_qkv(q: Tensor, k: Tensor, v: Tensor) -> None:
     except RuntimeError:
         raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} leading dimensions do not broadcast; "
                          "for grouped-query attention expand k and v with repeat_kv first") from None
+
+
+def _check_scale(scale: float | None) -> None:
+    """``scale`` is None or a finite number (NaN or inf would turn every weight into NaN)."""
+    if scale is not None and (not isinstance(scale, numbers.Real) or isinstance(scale, bool)
+                              or not math.isfinite(scale)):
+        raise ValueError(f"scale must be a finite number or None (= 1/√D), got {scale!r}")
+
+
+def _check_mask(mask: Tensor | None, q: Tensor, k: Tensor) -> None:
+    """The mask must be bool or float and broadcast to the scores' shape ``(..., T_q, T_k)`` without growing it."""
+    if mask is None:
+        return
+    if not isinstance(mask, Tensor) or not (mask.dtype == torch.bool or mask.is_floating_point()):
+        raise TypeError("mask must be a bool tensor (True = keep) or an additive float tensor, got "
+                        f"{mask.dtype if isinstance(mask, Tensor) else type(mask).__name__}")
+    scores = (*torch.broadcast_shapes(q.shape[:-2], k.shape[:-2]), q.shape[-2], k.shape[-2])
+    try:
+        fits = torch.broadcast_shapes(mask.shape, scores) == scores
+    except RuntimeError:
+        fits = False
+    if not fits:
+        raise ValueError(f"mask must broadcast to the scores' shape {scores} (..., T_q, T_k), got {tuple(mask.shape)}")
 
 
 def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
@@ -104,6 +134,8 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor |
         out, w = scaled_dot_product_attention(q, k, v, scale=1.0)   # w ≈ [0.245, 0.090, 0.665]
     """
     _check_qkv(q, k, v)
+    _check_mask(mask, q, k)
+    _check_scale(scale)
     T_q, T_k = q.shape[-2], k.shape[-2]
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     scores = (q @ k.transpose(-2, -1)) * scale  # (..., T_q, T_k)
@@ -130,6 +162,8 @@ def fused_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
     masked are set to zero whatever the kernel returns.
     """
     _check_qkv(q, k, v)
+    _check_mask(mask, q, k)
+    _check_scale(scale)
     T_q, T_k = q.shape[-2], k.shape[-2]
     if mask is None and (not causal or T_q == T_k):
         return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)  # (..., T_q, D_v)
@@ -142,6 +176,7 @@ def fused_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
     else:
         attn_mask = allowed
         live = allowed.any(dim=-1, keepdim=True)  # (..., T_q, 1)
+    attn_mask = attn_mask if attn_mask.ndim >= 2 else attn_mask[None]  # PyTorch's kernel wants (T_q or 1, T_k)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=scale)  # (..., T_q, D_v)
     return torch.where(live, out, torch.zeros((), dtype=out.dtype, device=out.device))
 

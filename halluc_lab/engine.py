@@ -27,6 +27,10 @@ generator), or takes the caller's forced token instead, and records token, log-p
 sampled/forced flag. Rows stop at a stop token or after ``max_new_tokens``; finished rows keep
 their cache and outputs and are carried along unchanged.
 
+Groups (GRPO, best-of-N): ``start(..., n_samples=G)`` prefills each distinct prompt once and copies its
+cache to G rows, prompt-major (nanochat's engine does the same); the prefill computes no logits
+(``logits_to_keep``), since the first step computes the ones it needs.
+
 On CUDA the step is captured once as a CUDA graph per sampling setting and replayed: all its
 bookkeeping stays on the device, so a decode step is one ``replay()`` from Python. An engine has
 a fixed batch size; :func:`generate` keeps engines for batch sizes rounded up to a power of two
@@ -56,11 +60,12 @@ import torch
 from torch import nn
 
 from halluc_lab import sampling
+from halluc_lab.engine_checks import MAX_STOP_TOKENS, check_count, check_force, check_start, prompt_lists
 from halluc_lab.kv_cache import KVCache, rollback_request
 
 Tensor = torch.Tensor
-MAX_STOP_TOKENS = 16  # stop tokens live in a fixed-size device buffer, so graphs need not change with them
 MAX_ENGINES_PER_MODEL = 4  # generate() keeps this many engines (batch buckets × lengths) per model
+NO_LOGITS = torch.zeros(0, dtype=torch.long)  # logits_to_keep for a prefill: no position's logits are used
 
 
 @dataclass(frozen=True)
@@ -155,29 +160,36 @@ class Engine:
 
     # -- starting a batch ---------------------------------------------------------------------
 
-    def start(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, params: SamplingParams = SamplingParams(),
-              *, stop_tokens: Sequence[int] = (), generator: torch.Generator | None = None) -> None:
-        """Reset, prefill ``prompts`` (lists of token ids) and get ready to generate.
+    def start(self, prompts: Sequence[Sequence[int]] | Tensor, max_new_tokens: int,
+              params: SamplingParams = SamplingParams(), *, stop_tokens: Sequence[int] = (),
+              generator: torch.Generator | None = None, n_samples: int = 1) -> None:
+        """Reset, prefill ``prompts`` (lists of token ids, or a 2-D tensor) and get ready to generate.
 
-        Raises ValueError (changing nothing) for an empty prompt, a token outside the vocabulary, more
-        prompts than rows, a prompt plus ``max_new_tokens`` longer than ``max_positions``, an unknown
-        stop token or a bad sampling setting. ``generator``'s state is copied in, and the state after
-        the run is copied back by :meth:`result`; None draws a seed from torch's global generator.
+        ``n_samples`` = G rows per prompt (a GRPO group, best-of-N): each prompt is prefilled once and its
+        cache copied to its G rows, ordered prompt-major (rows p·G … p·G+G-1 continue prompt p). Raises
+        ValueError (changing nothing) for an empty prompt, a token outside the vocabulary, more rows
+        (prompts × n_samples) than the engine has, a prompt plus ``max_new_tokens`` longer than
+        ``max_positions``, an unknown stop token or a bad sampling setting. ``generator``'s state is copied
+        in, and the state after the run is copied back by :meth:`result`; None draws a seed from torch's
+        global generator.
         """
-        prompts = self._check_start(prompts, max_new_tokens, params, stop_tokens, generator)
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
+        prompts = check_start(prompts, max_new_tokens, params, stop_tokens, generator, n_samples,
+                              batch_size=self.batch_size, max_positions=self.max_positions,
+                              vocab_size=self.vocab_size, device=self.device)
         weights = tuple(p.data_ptr() for p in self.model.parameters())
         if weights != self._weights:  # graphs read weights in place: new tensors (.to(), assign=True) need new graphs
             self._graphs.clear()
             self._weights = weights
-        N, B = len(prompts), self.batch_size
-        lengths = [len(p) for p in prompts] + [1] * (B - N)  # unused rows: a one-token dummy prompt
+        N, B = len(prompts) * n_samples, self.batch_size
         self.params, self.n_rows, self.max_new_tokens = params, N, max_new_tokens
         self._user_generator = generator
         if generator is not None:
             self.generator.set_state(generator.get_state())
         else:
             self.generator.manual_seed(int(torch.randint(2**62, (1,))))  # from the global seed (hl.setup)
-        last = torch.tensor([p[-1] for p in prompts] + [0] * (B - N))
+        last = torch.tensor([p[-1] for p in prompts for _ in range(n_samples)] + [0] * (B - N))  # unused rows: 0
         self.tok.copy_(last)
         self.last_prompt.copy_(last)
         self.n_out.zero_()
@@ -186,46 +198,22 @@ class Engine:
         self.stopped.zero_()
         self.force_mask.zero_()
         self.stop_buf.copy_(torch.tensor(list(stop_tokens) + [-1] * (MAX_STOP_TOKENS - len(stop_tokens))))
-        self.cache.reset()
-        T = max(lengths) - 1  # the prefill: every prompt token but the last (fed by the first step)
-        if T > 0:
-            ids = torch.zeros(B, T, dtype=torch.long)
-            for b, p in enumerate(prompts):
-                ids[b, : len(p) - 1] = torch.tensor(p[:-1])
-            with torch.no_grad(), self._autocast():
-                self.model(ids.to(self.device), cache=self.cache)  # (B, T, V), right-padded
-            self.cache.rollback(None, [T - (n - 1) for n in lengths])  # forget the pads (they stay masked)
+        self._prefill(prompts, n_samples)
 
-    def _check_start(self, prompts, max_new_tokens, params, stop_tokens, generator) -> list[list[int]]:
-        B, T, V = self.batch_size, self.max_positions, self.vocab_size
-        if isinstance(prompts, Tensor):
-            prompts = prompts.tolist()
-        prompts = [list(p) for p in prompts]
-        if not 1 <= len(prompts) <= B:
-            raise ValueError(f"the engine has {B} rows; got {len(prompts)} prompts (allowed 1 to {B})")
-        if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
-        for b, p in enumerate(prompts):
-            if not p:
-                raise ValueError(f"prompt {b} is empty; every prompt needs at least one token")
-            if any(not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < V for t in p):
-                raise ValueError(f"prompt {b} holds a token outside [0, {V - 1}]")
-            if len(p) + max_new_tokens > T:
-                raise ValueError(f"prompt {b} ({len(p)} tokens) + max_new_tokens ({max_new_tokens}) is longer than "
-                                 f"the cache ({T} positions)")
-        stop_tokens = list(stop_tokens)
-        if len(stop_tokens) > MAX_STOP_TOKENS:
-            raise ValueError(f"at most {MAX_STOP_TOKENS} stop tokens, got {len(stop_tokens)}")
-        for t in stop_tokens:
-            if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < V:
-                raise ValueError(f"unknown stop token {t!r}: stop tokens must be ids in [0, {V - 1}]")
-        if not isinstance(params, SamplingParams):
-            raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
-        params.check(V)
-        if generator is not None and (not isinstance(generator, torch.Generator)
-                                      or generator.device.type != self.device.type):
-            raise ValueError(f"generator must be a torch.Generator on {self.device.type} (the model's device)")
-        return prompts
+    def _prefill(self, prompts: list[list[int]], n_samples: int) -> None:
+        """Cache every prompt token but the last, once per distinct prompt, then copy each to its rows."""
+        P, B = len(prompts), self.batch_size
+        self.cache.reset()
+        T = max(len(p) for p in prompts) - 1  # the last token of each prompt is fed by the first step
+        if T > 0:
+            ids = torch.zeros(P, T, dtype=torch.long)  # (P, T), right-padded
+            for b, p in enumerate(prompts):
+                ids[b, : len(p) - 1] = torch.tensor(p[:-1], dtype=torch.long)
+            with torch.no_grad(), self._autocast():  # no logits: the first step computes the ones it needs
+                self.model(ids.to(self.device), cache=self.cache.first_rows(P), logits_to_keep=NO_LOGITS)
+        self.cache.set_lengths([len(p) - 1 for p in prompts] + [0] * (B - P))  # forget the pads (they stay masked)
+        if n_samples > 1:  # row p·G + g ← row p (copy_rows gathers before it writes, so overlaps are safe)
+            self.cache.copy_rows(torch.arange(P).repeat_interleave(n_samples), T)
 
     def _autocast(self):
         if self.dtype == self.model.embed_tokens.weight.dtype:
@@ -262,17 +250,14 @@ class Engine:
         """Generate one token in every unfinished row; ``force`` maps rows to tokens they must take instead.
 
         Forced tokens are recorded with their log-prob and ``sampled_mask`` False (teacher forcing, an
-        injected error). Forcing a finished row does nothing.
+        injected error). Forcing a finished row does nothing. A row or token that is not an int (a bool
+        included) raises TypeError; one out of range, ValueError.
         """
         if self.params is None:
             raise RuntimeError("call start() before step()")
         if force:
+            check_force(force, self.n_rows, self.vocab_size)
             rows, toks = zip(*force.items())
-            for r, t in force.items():
-                if not isinstance(r, int) or not 0 <= r < self.n_rows:
-                    raise ValueError(f"forced row must be an int in [0, {self.n_rows - 1}], got {r!r}")
-                if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < self.vocab_size:
-                    raise ValueError(f"forced token must be an id in [0, {self.vocab_size - 1}], got {t!r}")
             index = torch.tensor(rows, device=self.device)
             self.force_tok.index_copy_(0, index, torch.tensor(toks, device=self.device))
             self.force_mask.index_fill_(0, index, True)
@@ -390,8 +375,7 @@ def engine_for(model: nn.Module, batch_size: int, max_positions: int, *, dtype: 
                cuda_graph: bool | None = None) -> Engine:
     """A cached :class:`Engine` for at least this batch and length: batch rounded up to a power of two,
     positions to a multiple of 64, so repeated calls reuse the cache and the captured graphs."""
-    if not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+    check_count("batch_size", batch_size)
     bucket = 1 << (batch_size - 1).bit_length()  # 1, 2, 4, 8, ...
     positions = 64 * math.ceil(max_positions / 64)
     dtype = dtype or model.embed_tokens.weight.dtype
@@ -408,29 +392,33 @@ def engine_for(model: nn.Module, batch_size: int, max_positions: int, *, dtype: 
     return engines[key]
 
 
-def generate(model: nn.Module, prompts: Sequence[Sequence[int]], max_new_tokens: int, *,
+def generate(model: nn.Module, prompts: Sequence[Sequence[int]] | Tensor, max_new_tokens: int, *,
              temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
              greedy: bool = False, stop_tokens: Sequence[int] = (), generator: torch.Generator | None = None,
-             dtype: torch.dtype | None = None) -> GenerationResult:
+             dtype: torch.dtype | None = None, n_samples: int = 1) -> GenerationResult:
     """Continue each prompt by up to ``max_new_tokens`` tokens (000 §6.1 with a KV cache).
 
-    ``prompts``: lists of token ids, any lengths. Sampling: ``greedy``, or temperature with optional
-    top-k/top-p (:mod:`halluc_lab.sampling`), drawn from ``generator`` (on the model's device). A row
-    stops after a token in ``stop_tokens`` (which is kept). Same generator state, same tokens.
+    ``prompts``: a list of prompts (lists of token ids, any lengths) or a 2-D tensor ``(N, T)``; a single
+    prompt (a flat list or a 1-D tensor) is refused: pass ``[prompt]``. Sampling: ``greedy``, or
+    temperature with optional top-k/top-p (:mod:`halluc_lab.sampling`), drawn from ``generator`` (on the
+    model's device). A row stops after a token in ``stop_tokens`` (which is kept). Same generator state,
+    same tokens. ``n_samples`` = G continuations per prompt from one prefill; the result's rows are
+    prompt-major (rows p·G … p·G+G-1 belong to prompt p).
 
     Example::
 
         out = generate(model, [[1, 2, 3]], 10, greedy=True)
         out.token_lists()     # [[...10 ids...]]
+        group = generate(model, [[1, 2, 3], [4]], 10, n_samples=8, generator=g)   # 16 rows, 8 per prompt
     """
     params = SamplingParams(greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p)
-    prompts = prompts.tolist() if isinstance(prompts, Tensor) else [list(p) for p in prompts]
-    longest = max((len(p) for p in prompts), default=0)
-    if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
+    prompts = prompt_lists(prompts)
+    check_count("max_new_tokens", max_new_tokens)
+    check_count("n_samples", n_samples, " (samples per prompt)")
     if not prompts:
         raise ValueError("prompts must hold at least one prompt")
-    eng = engine_for(model, len(prompts), longest + max_new_tokens, dtype=dtype)
-    eng.start(prompts, max_new_tokens, params, stop_tokens=stop_tokens, generator=generator)
+    longest = max(len(p) for p in prompts)
+    eng = engine_for(model, len(prompts) * n_samples, longest + max_new_tokens, dtype=dtype)
+    eng.start(prompts, max_new_tokens, params, stop_tokens=stop_tokens, generator=generator, n_samples=n_samples)
     eng.run()
     return eng.result()

@@ -2,9 +2,14 @@
 
 Hugging Face serves as reference and peer (DESIGN.md §4): the same weights give the same
 logits and the same greedy tokens on both sides (tests/unit/test_model.py), and
-:meth:`halluc_lab.model.Transformer.save_pretrained` writes a checkpoint that
-``AutoModelForCausalLM.from_pretrained`` loads. The lab fuses ``W_Q, W_K, W_V`` into
+:func:`save_pretrained` writes a checkpoint that ``AutoModelForCausalLM.from_pretrained`` loads;
+:func:`load_pretrained` reads it (or one HF wrote) back. The lab fuses ``W_Q, W_K, W_V`` into
 ``qkv_proj`` and ``W_gate, W_up`` into ``gate_up_proj``; the conversion splits and joins them.
+This module imports :mod:`halluc_lab.model`, never the reverse: the model needs no file format.
+
+A checkpoint folder declares its weights: ``model.safetensors``, or the shards named by
+``model.safetensors.index.json`` when there is one (HF's rule). Only those are read, so a stale
+``*.safetensors`` left in the folder cannot override the weights.
 
 Where the formats cannot meet, conversion raises rather than approximates: HF's "dynamic"
 RoPE recomputes its base from the current length, so the lab's static NTK-aware scaling has
@@ -12,6 +17,9 @@ no HF equivalent.
 """
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import torch
 
@@ -148,3 +156,66 @@ def from_hf(hf_model) -> Transformer:
     model = Transformer(config_from_hf(hf_model.config))
     load_hf_state_dict(model, {k: v.detach().float().cpu() for k, v in hf_model.state_dict().items()})
     return model
+
+
+# ----------------------------------------------------------------------------- checkpoints in HF's format
+
+WEIGHTS_NAME = "model.safetensors"  # HF's file name for unsharded weights
+INDEX_NAME = "model.safetensors.index.json"  # HF's index of sharded weights: {"weight_map": {name: file}}
+
+
+def save_pretrained(model: Transformer, directory: str | Path, **hf_config_kwargs) -> None:
+    """Write ``config.json`` and ``model.safetensors`` in Hugging Face's Llama format.
+
+    ``hf_config_kwargs`` go to ``LlamaConfig`` (e.g. ``eos_token_id``). A shard index left in the folder
+    by an earlier sharded save is removed with its shards, so the folder declares these weights.
+    """
+    from safetensors.torch import save_file
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    to_hf_config(model.config, **hf_config_kwargs).save_pretrained(directory)
+    if (directory / INDEX_NAME).is_file():
+        for shard in _index_shards(directory):
+            (directory / shard).unlink(missing_ok=True)
+        (directory / INDEX_NAME).unlink()
+    tensors = {k: v.detach().contiguous().cpu() for k, v in hf_state_dict(model).items()
+               if not (model.config.tie_embeddings and k == "lm_head.weight")}  # HF drops the tied copy
+    save_file(tensors, str(directory / WEIGHTS_NAME), metadata={"format": "pt"})
+
+
+def load_pretrained(directory: str | Path) -> Transformer:
+    """The model :func:`save_pretrained` (or HF's ``LlamaForCausalLM.save_pretrained``) wrote, on the CPU.
+
+    Reads ``config.json`` and exactly the weight files the folder declares (see the module docstring);
+    raises FileNotFoundError naming the path of a missing one.
+    """
+    from safetensors.torch import load_file
+
+    directory = Path(directory)
+    if not (directory / "config.json").is_file():
+        raise FileNotFoundError(f"{directory / 'config.json'} does not exist (a Hugging Face checkpoint needs it)")
+    files = _index_shards(directory) if (directory / INDEX_NAME).is_file() else [WEIGHTS_NAME]
+    for f in files:
+        if not (directory / f).is_file():
+            declared = f"declared by {directory / INDEX_NAME}" if f != WEIGHTS_NAME else "(no shard index either)"
+            raise FileNotFoundError(f"weight file {directory / f} does not exist {declared}")
+    state = {}
+    for f in files:
+        state.update(load_file(str(directory / f)))
+    model = Transformer(config_from_hf(json.loads((directory / "config.json").read_text())))
+    load_hf_state_dict(model, state)
+    return model
+
+
+def _index_shards(directory: Path) -> list[str]:
+    """The shard files ``model.safetensors.index.json`` names, each once, in order."""
+    try:
+        weight_map = json.loads((directory / INDEX_NAME).read_text())["weight_map"]
+        shards = sorted(set(weight_map.values()))
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ValueError(f"{directory / INDEX_NAME} is not a safetensors index (needs a 'weight_map' "
+                         f"of tensor name -> file name): {e!r}") from e
+    if not shards or any(not isinstance(f, str) or Path(f).name != f for f in shards):
+        raise ValueError(f"{directory / INDEX_NAME} must name at least one shard file in its own folder, got {shards}")
+    return shards

@@ -12,6 +12,8 @@ Layout: one preallocated tensor for keys and one for values, each
 ``(layers, batch, positions, kv-heads, head-dim)`` = ``(L, B, T, H_kv, D)``, so the cache costs
 ``2·L·B·T·H_kv·D·bytes`` whatever is in it (:attr:`KVCache.nbytes`). Each row of the batch has
 its own length (``lengths``, on the device): row ``b`` holds positions ``0 … lengths[b]-1``.
+:meth:`KVCache.copy_rows` copies rows onto others: a prompt prefilled once serves a group of
+samples (GRPO, best-of-N), as nanochat's engine does.
 
 Where the code departs from the documents:
 
@@ -188,6 +190,54 @@ class KVCache:
             held[r] -= c
         self.lengths.copy_(torch.tensor(held, dtype=torch.long))
         self.bound = max(held)
+
+    def set_lengths(self, lengths: Sequence[int]) -> None:
+        """Set every row's length from the host (e.g. after a right-padded prefill); the bound becomes exact."""
+        lengths = list(lengths)
+        if len(lengths) != self.batch_size:
+            raise ValueError(f"lengths must hold one int per row ({self.batch_size}), got {len(lengths)}")
+        for r, n in enumerate(lengths):
+            if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= self.capacity:
+                raise ValueError(f"lengths[{r}] must be an int in [0, {self.capacity}], got {n!r}")
+        self.lengths.copy_(torch.tensor(lengths, dtype=torch.long))
+        self.bound = max(lengths)
+
+    def first_rows(self, n_rows: int) -> "KVCache":
+        """A cache over rows ``0 … n_rows-1`` sharing this one's keys and values (not its lengths).
+
+        What a forward writes through it lands in this cache; its lengths are its own copy, so set this
+        cache's lengths afterwards (:meth:`set_lengths`). The engine prefills distinct prompts with it.
+        """
+        if not isinstance(n_rows, int) or isinstance(n_rows, bool) or not 1 <= n_rows <= self.batch_size:
+            raise ValueError(f"n_rows must be an int in [1, {self.batch_size}], got {n_rows!r}")
+        part = object.__new__(KVCache)
+        part.k, part.v = self.k[:, :n_rows], self.v[:, :n_rows]  # (L, n_rows, T, H_kv, D) views
+        part.lengths = self.lengths[:n_rows].clone()  # (n_rows,)
+        part._rows = self._rows[:n_rows]  # (n_rows, 1)
+        part.bound, part.static = self.bound, False
+        return part
+
+    def copy_rows(self, source: Tensor, n_positions: int | None = None) -> None:
+        """Row ``b`` becomes a copy of row ``source[b]`` for ``b < len(source)``: keys, values and length.
+
+        Only the first ``n_positions`` slots are copied (default: all). With ``source = [0, 0, 1, 1]`` two
+        prefilled prompts fan out to two samples each (a GRPO group, best-of-N), without a second prefill.
+        """
+        source = torch.as_tensor(source, device=self.k.device)
+        R, T = source.numel(), self.capacity if n_positions is None else n_positions
+        if source.ndim != 1 or source.dtype not in (torch.long, torch.int) or not 1 <= R <= self.batch_size:
+            raise ValueError(f"source must be a 1-D int tensor of 1 to {self.batch_size} row indices, got "
+                             f"{tuple(source.shape)} {source.dtype}")
+        if not 0 <= int(source.min()) <= int(source.max()) < self.batch_size:
+            raise ValueError(f"source must hold row indices in [0, {self.batch_size - 1}], got {source.tolist()}")
+        if not isinstance(T, int) or isinstance(T, bool) or not 0 <= T <= self.capacity:
+            raise ValueError(f"n_positions must be an int in [0, {self.capacity}] or None, got {n_positions!r}")
+        # Advanced indexing on the right gathers a copy first, so source and target rows may overlap;
+        # one layer at a time, so the copy costs one layer's worth of memory, not the cache's.
+        for layer in range(self.n_layers):
+            self.k[layer, :R, :T] = self.k[layer, source, :T]  # (R, T, H_kv, D)
+            self.v[layer, :R, :T] = self.v[layer, source, :T]
+        self.lengths[:R] = self.lengths[source]  # the bound stays valid: no row grows past the longest
 
     def shrink(self, rows: Tensor, n: Tensor) -> None:
         """``lengths[rows] -= n`` on the device with no checks and no sync (for callers that checked already)."""

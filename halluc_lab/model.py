@@ -17,14 +17,18 @@ Three ways to call it:
 - generation: ``model(new_ids, cache=cache)`` — keys and values of earlier tokens come from a
   :class:`~halluc_lab.kv_cache.KVCache`; the new ones are written to it (004 §6.2).
 
+``logits_to_keep`` (Hugging Face's name) applies the head only where logits are used: the last k
+positions, chosen positions, or none (a prefill that only fills the cache). The head is the largest
+matrix of a small model, ``(B, T, V)`` its largest activation; nanoGPT's generation does the same.
+
 Padding: right padding needs nothing — under the causal mask a real token never sees the pad
 tokens after it; ignore the logits at pad positions. Rows of different lengths in generation
 are handled by the cache's per-row lengths (the engine right-pads prompts and rolls the pads
 back), so left padding is never needed.
 
-Weights convert both ways with Hugging Face ``LlamaForCausalLM`` (:mod:`halluc_lab.hf_convert`)
-and :meth:`Transformer.save_pretrained` writes HF's format (``config.json`` + safetensors), which
-``AutoModelForCausalLM.from_pretrained`` loads.
+Weights convert both ways with Hugging Face ``LlamaForCausalLM``, and checkpoints are saved and
+loaded in HF's format (``config.json`` + safetensors), by the conversion module of the package; it
+imports this one, never the reverse, so the model itself needs neither ``transformers`` nor files.
 
 Where the code departs from the documents:
 
@@ -32,7 +36,7 @@ Where the code departs from the documents:
   (no mean subtraction, no bias) and the SwiGLU MLP ``W_down(silu(x W_gate) ⊙ x W_up)`` of Llama,
   without biases, so that weights convert one to one with Hugging Face.
 - ``W_Q, W_K, W_V`` of all heads are one matrix (``qkv_proj``) and ``W_gate, W_up`` another
-  (``gate_up_proj``): the same maps, fewer kernel launches. ``hf_convert.hf_state_dict`` splits them.
+  (``gate_up_proj``): the same maps, fewer kernel launches. The HF conversion splits them.
 - Query/key/value heads follow :mod:`halluc_lab.attention` (query head h reads KV head
   ``h // (n_heads / n_kv_heads)``, 004 §5.2) and RoPE is :func:`halluc_lab.positional.apply_rope`
   (rotate-half layout, as Llama). ``fast=True`` calls PyTorch's fused attention; ``fast=False`` the
@@ -43,10 +47,9 @@ Where the code departs from the documents:
 
 from __future__ import annotations
 
-import json
 import math
+import numbers
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -96,10 +99,15 @@ class ModelConfig:
             raise ValueError(f"head_dim = hidden_size / n_heads must be even for RoPE, got {self.head_dim}")
         if self.rope_scaling is not None and not isinstance(self.rope_scaling, RopeScaling):
             raise TypeError(f"rope_scaling must be a positional.RopeScaling or None, got {type(self.rope_scaling).__name__}")
-        for name in ("rope_theta", "norm_eps", "init_std"):
+        for name, low in (("rope_theta", 1), ("norm_eps", 0), ("init_std", 0)):  # rope_theta: θ_k must fall with k
             value = getattr(self, name)
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
-                raise ValueError(f"{name} must be a positive number, got {value!r}")
+            if not isinstance(value, numbers.Real) or isinstance(value, bool):
+                raise TypeError(f"{name} must be a real number, got {type(value).__name__} {value!r}")
+            if not (math.isfinite(value) and value > low):
+                raise ValueError(f"{name} must be a finite number > {low}, got {value!r}")
+        for name in ("tie_embeddings", "fast"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
 
     @property
     def head_dim(self) -> int:
@@ -225,10 +233,34 @@ def segment_mask(segment_ids: Tensor) -> Tensor:
     return (same & attention.causal_mask(T, device=segment_ids.device))[:, None]  # (B, 1, T, T)
 
 
+def check_logits_to_keep(logits_to_keep: int | Tensor, B: int, T: int, device: torch.device) -> slice | Tensor:
+    """Check ``logits_to_keep`` (see :meth:`Transformer.forward`) for ``(B, T)`` inputs: a slice or positions."""
+    if isinstance(logits_to_keep, Tensor):
+        index = logits_to_keep.to(device)
+        if index.dtype not in (torch.long, torch.int) or index.ndim not in (1, 2) or (
+                index.ndim == 2 and index.shape[0] != B):
+            raise ValueError(f"logits_to_keep must be an int, or an int tensor of positions (K,) or ({B}, K), "
+                             f"got {index.dtype} {tuple(index.shape)}")
+        if index.numel() and not 0 <= int(index.min()) <= int(index.max()) < T:
+            raise ValueError(f"logits_to_keep positions must lie in [0, {T - 1}], got {index.tolist()}")
+        return index
+    if not isinstance(logits_to_keep, int) or isinstance(logits_to_keep, bool) or not 0 <= logits_to_keep <= T:
+        raise ValueError(f"logits_to_keep must be an int in [0, {T}] (0 = all positions) or a tensor of positions, "
+                         f"got {logits_to_keep!r}")
+    return slice(T - logits_to_keep if logits_to_keep else 0, T)  # the last k (all for 0)
+
+
+def keep_positions(h: Tensor, keep: slice | Tensor) -> Tensor:
+    """``h`` ``(B, T, d)`` at the positions :func:`check_logits_to_keep` chose: ``(B, K, d)``."""
+    if isinstance(keep, Tensor) and keep.ndim == 2:  # (B, K): row b's own positions
+        return h.gather(1, keep[:, :, None].expand(*keep.shape, h.shape[-1]))
+    return h[:, keep]  # (B, K, d)
+
+
 # ----------------------------------------------------------------------------- the model
 
 class Transformer(nn.Module):
-    """The decoder: ``model(input_ids (B, T), position_ids=None, segment_ids=None, cache=None) -> (B, T, V)``.
+    """The decoder: ``model(input_ids (B, T), position_ids, segment_ids, cache, *, logits_to_keep) -> (B, T, V)``.
 
     Example::
 
@@ -272,22 +304,21 @@ class Transformer(nn.Module):
         return self._inv_freq
 
     def forward(self, input_ids: Tensor, position_ids: Tensor | None = None, segment_ids: Tensor | None = None,
-                cache: KVCache | None = None) -> Tensor:
-        """Next-token logits ``(B, T, V)`` for ``input_ids`` ``(B, T)``.
+                cache: KVCache | None = None, *, logits_to_keep: int | Tensor = 0) -> Tensor:
+        """Next-token logits ``(B, T, V)`` for ``input_ids`` ``(B, T)`` (token ids in ``[0, vocab_size)``).
 
         ``position_ids`` ``(B, T)`` or ``(T,)``: RoPE positions (default: 0…T-1, the segment-relative
         position with ``segment_ids``, the cache slot with ``cache``). ``segment_ids`` ``(B, T)`` ints:
         packed sequences, contiguous runs of equal id; they never attend to each other. ``cache``: a
         :class:`KVCache` with B rows; the tokens are appended to each row (written at slot
-        ``cache.lengths[b] + i``) and every row's length grows by T.
+        ``cache.lengths[b] + i``) and every row's length grows by T. ``logits_to_keep``: 0 = every
+        position; an int k = the last k, ``(B, k, V)``; a tensor of positions ``(K,)`` (the same in every
+        row) or ``(B, K)`` (per row) gives ``(B, K, V)``; an empty ``(0,)`` tensor skips the head.
         """
-        if not isinstance(input_ids, Tensor) or input_ids.ndim != 2 or input_ids.dtype not in (torch.long, torch.int):
-            raise ValueError(f"input_ids must be an integer tensor (B, T), got "
-                             f"{tuple(input_ids.shape) if isinstance(input_ids, Tensor) else type(input_ids).__name__}")
+        self._check_input_ids(input_ids)
         B, T = input_ids.shape
-        if T < 1:
-            raise ValueError("input_ids must hold at least one token per row")
         device = input_ids.device
+        keep = check_logits_to_keep(logits_to_keep, B, T, device)  # checked before the cache changes
         slots, n_keys = None, 0
         if cache is not None:
             if segment_ids is not None:
@@ -314,8 +345,25 @@ class Transformer(nn.Module):
             h = layer(h, cos, sin, mask, cache, i, slots, n_keys)  # (B, T, d)
         if cache is not None:
             cache.advance(T)
-        h = self.norm(h)
-        return F.linear(h, self.embed_tokens.weight) if self.lm_head is None else self.lm_head(h)  # (B, T, V)
+        h = self.norm(keep_positions(h, keep))  # (B, K, d): the norm is per position, so slice first
+        return F.linear(h, self.embed_tokens.weight) if self.lm_head is None else self.lm_head(h)  # (B, K, V)
+
+    def _check_input_ids(self, input_ids: Tensor) -> None:
+        """An int tensor ``(B, T)``, T ≥ 1, ids in ``[0, V)`` (one min/max sync, skipped in CUDA graph capture)."""
+        if not isinstance(input_ids, Tensor):
+            raise TypeError(f"input_ids must be a torch.Tensor of token ids (B, T), got {type(input_ids).__name__}")
+        if input_ids.dtype not in (torch.long, torch.int):
+            raise TypeError(f"input_ids must be an int64 or int32 tensor of token ids, got {input_ids.dtype}")
+        if input_ids.ndim != 2 or input_ids.shape[1] < 1:
+            raise ValueError(f"input_ids must have shape (B, T) with T >= 1, got {tuple(input_ids.shape)}")
+        if (input_ids.numel() == 0 or torch.compiler.is_compiling()
+                or (input_ids.is_cuda and torch.cuda.is_current_stream_capturing())):
+            return  # no host sync inside a capture or a compiled graph: the engine checks its tokens itself
+        low, high = torch.stack(torch.aminmax(input_ids)).tolist()  # one sync
+        V = self.config.vocab_size
+        if low < 0 or high >= V:
+            raise ValueError(f"input_ids must hold token ids in [0, {V - 1}] (vocab_size {V}), "
+                             f"got ids from {low} to {high}")
 
     def _rope(self, positions: Tensor, device: torch.device, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         """cos and sin ``(B or 1, T, 1, D)`` in the dtype the projections produce (cast once, not per layer)."""
@@ -332,38 +380,3 @@ class Transformer(nn.Module):
         weight = self.embed_tokens.weight
         return KVCache.for_model(self.config, batch_size, max_positions or self.config.max_positions,
                                  dtype=dtype or weight.dtype, device=weight.device)
-
-    def save_pretrained(self, directory: str | Path, **hf_config_kwargs) -> None:
-        """Write ``config.json`` and ``model.safetensors`` in Hugging Face's Llama format.
-
-        ``hf_config_kwargs`` go to ``LlamaConfig`` (e.g. ``eos_token_id``).
-        """
-        from safetensors.torch import save_file
-
-        from halluc_lab.hf_convert import hf_state_dict, to_hf_config
-
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        to_hf_config(self.config, **hf_config_kwargs).save_pretrained(directory)
-        tensors = {k: v.detach().contiguous().cpu() for k, v in hf_state_dict(self).items()
-                   if not (self.config.tie_embeddings and k == "lm_head.weight")}  # HF drops the tied copy
-        save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
-
-    @classmethod
-    def from_pretrained(cls, directory: str | Path) -> "Transformer":
-        """Load what :meth:`save_pretrained` (or HF's ``LlamaForCausalLM.save_pretrained``) wrote, on the CPU."""
-        from safetensors.torch import load_file
-
-        from halluc_lab.hf_convert import config_from_hf, load_hf_state_dict
-
-        directory = Path(directory)
-        files = sorted(directory.glob("*.safetensors"))
-        if not (directory / "config.json").is_file() or not files:
-            raise ValueError(f"{directory} must hold config.json and *.safetensors (Hugging Face format)")
-        config = config_from_hf(json.loads((directory / "config.json").read_text()))
-        state = {}
-        for f in files:
-            state.update(load_file(str(f)))
-        model = cls(config)
-        load_hf_state_dict(model, state)
-        return model

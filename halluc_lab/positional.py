@@ -28,6 +28,7 @@ Where the code departs from the documents:
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -39,6 +40,14 @@ ROPE_KINDS = ("none", "linear", "ntk", "yarn")
 def _check_head_dim(head_dim: int, name: str = "head_dim") -> None:
     if not isinstance(head_dim, int) or isinstance(head_dim, bool) or head_dim < 2 or head_dim % 2:
         raise ValueError(f"{name} must be a positive even int (RoPE rotates pairs), got {head_dim!r}")
+
+
+def _check_number(name: str, value: object, low: float, *, inclusive: bool = False, what: str = "") -> None:
+    """TypeError unless a real number; ValueError unless finite and above ``low`` (or equal, if inclusive)."""
+    if not isinstance(value, numbers.Real) or isinstance(value, bool):
+        raise TypeError(f"{name} must be a real number, got {type(value).__name__} {value!r}")
+    if not (math.isfinite(value) and (value >= low if inclusive else value > low)):
+        raise ValueError(f"{name} must be a finite number {'>=' if inclusive else '>'} {low}{what}, got {value!r}")
 
 
 def _check_positions(positions: Tensor, ndims: tuple[int, ...] = (1, 2)) -> None:
@@ -71,8 +80,7 @@ def sinusoidal_encoding(positions: Tensor, d_model: int, base: float = 10000.0,
 def sinusoidal_frequencies(d_model: int, base: float = 10000.0, dtype: torch.dtype = torch.float64) -> Tensor:
     """The angular frequencies ``ω_i = base^{-2i/d}``, ``i = 0 … d/2-1`` (004 §7.2; same bank as RoPE's)."""
     _check_head_dim(d_model, "d_model")
-    if not base > 1:
-        raise ValueError(f"base must be > 1, got {base!r}")
+    _check_number("base", base, 1)
     return base ** (-torch.arange(0, d_model, 2, dtype=dtype) / d_model)  # (d/2,)
 
 
@@ -115,18 +123,21 @@ class RopeScaling:
     def __post_init__(self) -> None:
         if self.kind not in ROPE_KINDS:
             raise ValueError(f"kind must be one of {ROPE_KINDS}, got {self.kind!r}")
-        if not isinstance(self.factor, (int, float)) or isinstance(self.factor, bool) or not self.factor >= 1:
-            raise ValueError(f"factor must be a number >= 1 (the context extension L'/L), got {self.factor!r}")
+        _check_number("factor", self.factor, 1, inclusive=True, what=" (the context extension L'/L)")
         if self.kind == "none" and self.factor != 1:
             raise ValueError(f"factor must be 1 with kind='none', got {self.factor!r}")
-        if self.kind == "yarn":
-            L = self.original_max_positions
-            if not isinstance(L, int) or isinstance(L, bool) or L < 1:
-                raise ValueError(f"original_max_positions must be a positive int for kind='yarn', got {L!r}")
-        if not 0 < self.beta_slow < self.beta_fast:
+        L = self.original_max_positions
+        if (L is not None or self.kind == "yarn") and (not isinstance(L, int) or isinstance(L, bool) or L < 1):
+            raise ValueError(f"original_max_positions must be a positive int (or None, unless kind='yarn'), "
+                             f"got {L!r}")
+        _check_number("beta_slow", self.beta_slow, 0)
+        _check_number("beta_fast", self.beta_fast, 0)
+        if not self.beta_slow < self.beta_fast:
             raise ValueError(f"need 0 < beta_slow < beta_fast, got beta_slow={self.beta_slow}, beta_fast={self.beta_fast}")
-        if self.attention_factor is not None and not self.attention_factor > 0:
-            raise ValueError(f"attention_factor must be > 0 or None, got {self.attention_factor!r}")
+        if self.attention_factor is not None:
+            _check_number("attention_factor", self.attention_factor, 0, what=" or None")
+        if not isinstance(self.truncate, bool):
+            raise TypeError(f"truncate must be a bool, got {self.truncate!r}")
 
 
 def _base_inv_freq(head_dim: int, base: float) -> Tensor:
@@ -138,11 +149,14 @@ def _base_inv_freq(head_dim: int, base: float) -> Tensor:
 def ntk_aware_base(base: float, factor: float, head_dim: int) -> float:
     """NTK-aware base ``b' = b · s^{D/(D-2)}`` (004 §7.5): the lowest frequency is divided by exactly s."""
     _check_head_dim(head_dim)
+    _check_number("base", base, 1)
+    _check_number("factor", factor, 1, inclusive=True, what=" (the context extension L'/L)")
     return base * factor ** (head_dim / (head_dim - 2))
 
 
 def yarn_attention_factor(factor: float) -> float:
     """YaRN's ``√(1/t) = 0.1 ln s + 1`` (004 §7.6.2); multiplying cos and sin by it scales logits by ``1/t``."""
+    _check_number("factor", factor, 0)
     return 1.0 if factor <= 1 else 0.1 * math.log(factor) + 1.0
 
 
@@ -176,8 +190,7 @@ def rope_frequencies(head_dim: int, base: float = 10000.0,
         inv_freq, attn = rope_frequencies(64, scaling=RopeScaling("yarn", 4.0, original_max_positions=256))
     """
     _check_head_dim(head_dim)
-    if not isinstance(base, (int, float)) or isinstance(base, bool) or not base > 1:
-        raise ValueError(f"base must be a number > 1, got {base!r}")
+    _check_number("base", base, 1)
     s = RopeScaling() if scaling is None else scaling
     if not isinstance(s, RopeScaling):
         raise TypeError(f"scaling must be a RopeScaling or None, got {type(s).__name__}")
@@ -205,7 +218,9 @@ def usage_ratio(inv_freq: Tensor, context: int) -> Tensor:
 
 def yarn_ramp(r: Tensor, alpha: float = 1.0, beta: float = 32.0) -> Tensor:
     """The ramp ``γ(r)``: 0 below α, 1 above β, linear in ``r`` between (004 §7.6.1, YaRN paper eq. 18)."""
-    if not 0 < alpha < beta:
+    _check_number("alpha", alpha, 0)
+    _check_number("beta", beta, 0)
+    if not alpha < beta:
         raise ValueError(f"need 0 < alpha < beta, got alpha={alpha}, beta={beta}")
     return ((r - alpha) / (beta - alpha)).clamp(0, 1)
 
@@ -213,6 +228,7 @@ def yarn_ramp(r: Tensor, alpha: float = 1.0, beta: float = 32.0) -> Tensor:
 def yarn_paper_inv_freq(inv_freq: Tensor, factor: float, context: int,
                         alpha: float = 1.0, beta: float = 32.0) -> Tensor:
     """YaRN paper's by-parts frequencies ``(1-γ)θ/s + γθ``: planes that turn often in L are kept."""
+    _check_number("factor", factor, 1, inclusive=True)
     g = yarn_ramp(usage_ratio(inv_freq, context), alpha, beta)  # (D/2,)
     return (1 - g) * inv_freq / factor + g * inv_freq
 
@@ -220,6 +236,7 @@ def yarn_paper_inv_freq(inv_freq: Tensor, factor: float, context: int,
 def yarn_document_inv_freq(inv_freq: Tensor, factor: float, context: int,
                            alpha: float = 1.0, beta: float = 32.0) -> Tensor:
     """004 §7.6.1 as printed, ``(1-γ)θ + γθ/s``: the reverse of the paper (keeps low frequencies)."""
+    _check_number("factor", factor, 1, inclusive=True)
     g = yarn_ramp(usage_ratio(inv_freq, context), alpha, beta)  # (D/2,)
     return (1 - g) * inv_freq + g * inv_freq / factor
 

@@ -219,6 +219,44 @@ def test_bad_inputs_raise_clear_errors():
         MultiHeadAttention(AttentionConfig(16, 4))(torch.randn(2, 3, 8))
 
 
+@pytest.mark.parametrize("fn", [scaled_dot_product_attention, fused_attention], ids=["reference", "fused"])
+def test_mixed_dtypes_raise_type_error_naming_q_k_v(fn):
+    q, k, v = _qkv()
+    with pytest.raises(TypeError, match="q, k and v must share one dtype"):
+        fn(q, k.bfloat16(), v)
+    with pytest.raises(TypeError, match="v must be a floating-point tensor"):
+        fn(q, k, v.long())
+
+
+@pytest.mark.parametrize("fn", [scaled_dot_product_attention, fused_attention], ids=["reference", "fused"])
+@pytest.mark.parametrize("shape", [(5, 4), (4, 5, 5), (2, 3, 5, 5, 1), (7, 1, 5, 5), (1, 2, 3, 5, 5)])
+def test_a_mask_that_does_not_broadcast_to_the_scores_raises_value_error(fn, shape):
+    q, k, v = _qkv()  # scores (2, 3, 5, 5)
+    for mask in (torch.ones(shape, dtype=torch.bool), torch.zeros(shape)):
+        with pytest.raises(ValueError, match=r"mask must broadcast to the scores' shape \(2, 3, 5, 5\)"):
+            fn(q, k, v, mask)
+
+
+def test_masks_that_broadcast_are_still_accepted():
+    q, k, v = _qkv(T_q=4, T_k=6)
+    for shape in [(6,), (4, 6), (1, 4, 6), (2, 1, 4, 6), (2, 3, 4, 1)]:
+        mask = torch.ones(shape, dtype=torch.bool)
+        torch.testing.assert_close(fused_attention(q, k, v, mask), scaled_dot_product_attention(q, k, v)[0],
+                                   atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("scale", [float("nan"), float("inf"), "2"])
+def test_a_non_finite_scale_raises(scale):
+    with pytest.raises(ValueError, match="scale"):
+        scaled_dot_product_attention(*_qkv(), scale=scale)
+
+
+def test_the_module_passes_mask_errors_through():
+    mha = MultiHeadAttention(AttentionConfig(16, 4))
+    with pytest.raises(ValueError, match="mask must broadcast"):
+        mha(torch.randn(2, 3, 16), mask=torch.ones(3, 4, dtype=torch.bool))
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 2e-5), (torch.bfloat16, 3e-2)])
 def test_fused_attention_on_cuda_agrees_with_the_reference(dtype, tol):

@@ -60,9 +60,9 @@ def reference(model, prompts, actions, params, generator=None, stop_tokens=(), m
     return out
 
 
-def run_engine(model, prompts, actions, params, generator=None, stop_tokens=(), max_new=100, batch=None):
-    eng = Engine(model, batch or len(prompts), 128)
-    eng.start(prompts, max_new, params, stop_tokens=stop_tokens, generator=generator)
+def run_engine(model, prompts, actions, params, generator=None, stop_tokens=(), max_new=100, batch=None, n_samples=1):
+    eng = Engine(model, batch or len(prompts) * n_samples, 128)
+    eng.start(prompts, max_new, params, stop_tokens=stop_tokens, generator=generator, n_samples=n_samples)
     for action in actions:
         if action[0] == "rollback":
             eng.rollback(action[1], action[2])
@@ -199,6 +199,15 @@ def unchanged(eng, before):
     (lambda e: e.rollback([0], 3), "cannot reach into the prompt"),
     (lambda e: e.rollback([4], 1), "rows"),
     (lambda e: e.step(force={0: V}), "forced token"),
+    (lambda e: e.step(force={0: True}), "forced token"),
+    (lambda e: e.step(force={True: 3}), "forced row"),
+    (lambda e: e.step(force=[(0, 3)]), "force must be a mapping"),
+    (lambda e: e.start([[1]], 3, GREEDY, n_samples=0), "n_samples"),
+    (lambda e: e.start([[1]], 3, GREEDY, n_samples=2.0), "n_samples"),
+    (lambda e: e.start([[1]], 3, GREEDY, n_samples=True), "n_samples"),
+    (lambda e: e.start([[1], [2], [3]], 3, GREEDY, n_samples=2), "rows"),
+    (lambda e: e.start([1, 2, 3], 3, GREEDY), r"\[prompt\]"),
+    (lambda e: e.start(torch.tensor([1, 2, 3]), 3, GREEDY), r"\[prompt\]"),
 ])
 def test_bad_input_raises_and_leaves_the_cache_as_it_was(call, match):
     eng = Engine(tiny(), 4, 64)
@@ -208,6 +217,64 @@ def test_bad_input_raises_and_leaves_the_cache_as_it_was(call, match):
     with pytest.raises((ValueError, TypeError), match=match):
         call(eng)
     assert unchanged(eng, before)
+
+
+def test_forcing_a_bool_token_is_a_type_error():
+    eng = Engine(tiny(), 2, 32)
+    eng.start(prompts(2), 4, GREEDY)
+    with pytest.raises(TypeError, match="forced token for row 0 must be an int"):
+        eng.step(force={0: True})
+
+
+# ----------------------------------------------------------------------------- groups: one prefill, G rows
+
+def repeated(ps, G):
+    return [p for p in ps for _ in range(G)]  # prompt-major, as the engine orders a group
+
+
+@pytest.mark.parametrize("actions", [STEPS, WITH_ROLLBACKS], ids=["steps", "rollbacks"])
+def test_group_fan_out_greedy_gives_the_tokens_of_every_prompt_passed_g_times(actions):
+    model, ps = tiny(), prompts(3)
+    got, _ = run_engine(model, ps, actions, GREEDY, n_samples=3)
+    want, _ = run_engine(model, repeated(ps, 3), actions, GREEDY)
+    assert_same(got, want)
+    assert_same(got, reference(model, repeated(ps, 3), actions, GREEDY))
+
+
+def test_group_fan_out_samples_differ_within_a_group_and_match_repeated_prompts():
+    model, ps = tiny(), prompts(2, lengths=(6, 3))
+    group = generate(model, ps, 12, n_samples=4, generator=torch.Generator().manual_seed(3))
+    flat = generate(model, repeated(ps, 4), 12, generator=torch.Generator().manual_seed(3))
+    rows = group.token_lists()
+    assert len(rows) == 8 and rows == flat.token_lists()  # same draws: the prefill draws nothing
+    for p in range(2):
+        assert len({tuple(r) for r in rows[4 * p: 4 * p + 4]}) > 1, f"prompt {p}'s samples are all equal"
+
+
+def test_group_fan_out_prefills_each_prompt_once_and_computes_no_logits_there():
+    model, ps = tiny(), prompts(3)
+    calls, heads = [], []
+    model.register_forward_pre_hook(lambda m, args, kwargs: calls.append(tuple(args[0].shape)), with_kwargs=True)
+    model.lm_head.register_forward_pre_hook(lambda m, args: heads.append(tuple(args[0].shape)))
+    eng = Engine(model, 16, 64)
+    eng.start(ps, 5, GREEDY, n_samples=5)
+    T = max(len(p) for p in ps) - 1
+    assert calls == [(3, T)]  # B prompts, not B·G rows
+    assert heads == [(3, 0, 32)]  # the head ran on no position of the prefill
+    assert eng.cache.lengths.tolist() == [len(p) - 1 for p in repeated(ps, 5)] + [0]
+    eng.step()
+    assert calls[-1] == (16, 1) and heads[-1] == (16, 1, 32)
+
+
+def test_generate_accepts_a_2d_tensor_and_refuses_a_single_prompt():
+    model, x = tiny(), torch.randint(0, V, (2, 5), generator=torch.Generator().manual_seed(0))
+    assert generate(model, x, 3, greedy=True).token_lists() == generate(model, x.tolist(), 3, greedy=True).token_lists()
+    for one in (x[0], x[0].tolist()):
+        with pytest.raises(ValueError, match=r"for one prompt pass \[prompt\]"):
+            generate(model, one, 3, greedy=True)
+    for bad in (dict(n_samples=0), dict(n_samples="2")):
+        with pytest.raises(ValueError, match="n_samples"):
+            generate(model, x, 3, **bad)
 
 
 @pytest.mark.gpu
@@ -244,6 +311,21 @@ def test_cuda_graph_generation_equals_uncached_reference_and_hugging_face():
     sampled = generate(model, x.tolist(), 20, temperature=0.8, top_p=0.9,
                        generator=torch.Generator("cuda").manual_seed(2))
     assert sampled.token_lists() == [[t for t, _, _ in row] for row in ref]
+
+
+@pytest.mark.gpu
+def test_cuda_graph_group_fan_out_equals_the_eager_one_and_repeated_prompts():
+    model, ps = tiny().cuda(), prompts(3)
+    runs = []
+    for graph, n_samples in ((False, 4), (True, 4), (True, 1)):
+        eng = Engine(model, 16, 64, cuda_graph=graph)
+        eng.start(ps if n_samples > 1 else repeated(ps, 4), 12, TOP_P, n_samples=n_samples,
+                  generator=torch.Generator("cuda").manual_seed(4))
+        eng.run()
+        runs.append(eng.result())
+    eager, graphed, flat = runs
+    assert graphed.token_lists() == eager.token_lists() == flat.token_lists()
+    torch.testing.assert_close(graphed.logprobs, eager.logprobs, atol=1e-4, rtol=0)
 
 
 @pytest.mark.gpu
@@ -309,7 +391,7 @@ def test_graph_bookkeeping_matches_eager_with_a_stand_in_graph(monkeypatch):
     actions = STEPS[:3] + [("step", {2: 3})] + [("rollback", [0, 3], [2, 1])] + STEPS
     results = []
     for graphed in (False, True):
-        eng = Engine(model, 4, 64)
+        eng = Engine(model, 8, 64)
         if graphed:
             eng.use_graph, eng.cache.static = True, True
             original = eng._capture
@@ -319,7 +401,7 @@ def test_graph_bookkeeping_matches_eager_with_a_stand_in_graph(monkeypatch):
                 graph.step = eng._step_body
                 return graph
             eng._capture = capture
-        eng.start(ps, 30, TOP_P, generator=torch.Generator().manual_seed(9))
+        eng.start(ps, 30, TOP_P, generator=torch.Generator().manual_seed(9), n_samples=2)  # groups of two
         for action in actions:
             eng.rollback(action[1], action[2]) if action[0] == "rollback" else eng.step(force=action[1])
         results.append(eng.result())

@@ -113,6 +113,49 @@ def test_shrink_lowers_lengths_on_the_device_without_checks():
     assert cache.lengths.tolist() == [3, 6, 2]
 
 
+def test_first_rows_share_keys_and_values_but_keep_their_own_lengths():
+    cache = small_cache()
+    part = cache.first_rows(2)
+    assert part.batch_size == 2 and part.k.data_ptr() == cache.k.data_ptr()
+    slots = part.slots(3)
+    part.write(0, torch.ones(2, 3, 2, 4), 2 * torch.ones(2, 3, 2, 4), slots)
+    part.advance(3)
+    assert cache.k[0, :2, :3].eq(1).all() and cache.v[0, :2, :3].eq(2).all() and cache.k[0, 2].eq(0).all()
+    assert part.lengths.tolist() == [3, 3] and cache.lengths.tolist() == [0, 0, 0]
+
+
+def test_copy_rows_fans_rows_out_in_place_even_when_source_and_target_overlap():
+    cache = small_cache(batch_size=4)
+    cache.k[:, 0], cache.k[:, 1] = 1.0, 2.0
+    cache.v[:, 0], cache.v[:, 1] = -1.0, -2.0
+    cache.set_lengths([3, 5, 0, 0])
+    cache.copy_rows(torch.tensor([0, 0, 1, 1]))
+    assert [float(cache.k[0, b, 0, 0, 0]) for b in range(4)] == [1.0, 1.0, 2.0, 2.0]
+    assert [float(cache.v[1, b, 7, 1, 3]) for b in range(4)] == [-1.0, -1.0, -2.0, -2.0]
+    assert cache.lengths.tolist() == [3, 3, 5, 5] and cache.bound == 5
+
+
+def test_copy_rows_copies_only_the_first_n_positions():
+    cache = small_cache()
+    cache.k[:, 0] = 1.0
+    cache.copy_rows(torch.tensor([0, 0]), n_positions=2)
+    assert cache.k[:, 1, :2].eq(1).all() and cache.k[:, 1, 2:].eq(0).all()
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda c: c.first_rows(4), "n_rows"), (lambda c: c.first_rows(0), "n_rows"),
+    (lambda c: c.copy_rows(torch.tensor([0, 3])), r"\[0, 2\]"), (lambda c: c.copy_rows(torch.tensor([0.0])), "source"),
+    (lambda c: c.copy_rows(torch.tensor([0, 0, 0, 0])), "source"), (lambda c: c.copy_rows([0], 9), "n_positions"),
+    (lambda c: c.set_lengths([1, 2]), "one int per row"), (lambda c: c.set_lengths([1, 2, 9]), r"lengths\[2\]"),
+])
+def test_bad_row_operations_raise_and_change_nothing(call, match):
+    cache = small_cache()
+    cache.set_lengths([1, 2, 3])
+    with pytest.raises(ValueError, match=match):
+        call(cache)
+    assert cache.lengths.tolist() == [1, 2, 3] and cache.bound == 3 and cache.k.abs().sum() == 0
+
+
 def test_step_cost_counts_the_matmuls_pytorch_counts():
     from torch.utils.flop_counter import FlopCounterMode
 

@@ -1,6 +1,7 @@
 """The lab's decoder: reference vs fast paths, Hugging Face parity, packing, padding, the cached forward."""
 
 import dataclasses
+import math
 
 import pytest
 import torch
@@ -55,21 +56,6 @@ def test_logits_equal_hugging_face_llama(scaling, n_kv_heads, tie):
         torch.testing.assert_close(model(x), hf(input_ids=x).logits, atol=1e-5, rtol=0)
         torch.testing.assert_close(from_hf(hf)(x), model(x), atol=0, rtol=0)
     assert config_from_hf(hf.config) == model.config
-
-
-def test_save_pretrained_loads_with_auto_model_and_back(tmp_path):
-    from transformers import AutoModelForCausalLM, LlamaForCausalLM
-
-    model = Transformer(tiny(tie_embeddings=True, rope_scaling=SCALINGS["yarn"]), seed=2)
-    model.save_pretrained(tmp_path / "lab")
-    hf = AutoModelForCausalLM.from_pretrained(tmp_path / "lab")
-    assert isinstance(hf, LlamaForCausalLM)
-    x = ids()
-    with torch.no_grad():
-        torch.testing.assert_close(hf(input_ids=x).logits, model(x), atol=1e-5, rtol=0)
-        hf.save_pretrained(tmp_path / "hf")
-        again = Transformer.from_pretrained(tmp_path / "hf")
-        torch.testing.assert_close(again(x), model(x), atol=0, rtol=0)
 
 
 def test_ntk_scaling_has_no_hugging_face_equivalent():
@@ -184,3 +170,71 @@ def test_bad_calls_raise_clear_errors():
     with pytest.raises(ValueError, match="do not fit"):
         model(ids(3, 9), cache=cache)
     assert cache.lengths.tolist() == [0, 0, 0]  # nothing was written
+
+
+@pytest.mark.parametrize("tie", [True, False], ids=["tied", "untied"])
+def test_logits_to_keep_gives_the_same_logits_as_slicing_the_full_ones(tie):
+    model = Transformer(tiny(tie_embeddings=tie))
+    x = ids(3, 10)
+    per_row = torch.tensor([[9, 0], [4, 4], [2, 7]])  # (B, K): each row its own positions
+    with torch.no_grad():
+        full = model(x)  # (3, 10, V)
+        torch.testing.assert_close(model(x, logits_to_keep=1), full[:, -1:], atol=1e-6, rtol=0)
+        torch.testing.assert_close(model(x, logits_to_keep=4), full[:, -4:], atol=1e-6, rtol=0)
+        torch.testing.assert_close(model(x, logits_to_keep=10), full, atol=0, rtol=0)
+        torch.testing.assert_close(model(x, logits_to_keep=torch.tensor([0, 5])), full[:, [0, 5]], atol=1e-6, rtol=0)
+        torch.testing.assert_close(model(x, logits_to_keep=per_row), full[torch.arange(3)[:, None], per_row],
+                                   atol=1e-6, rtol=0)
+        assert model(x, logits_to_keep=torch.zeros(0, dtype=torch.long)).shape == (3, 0, V)
+
+
+def test_logits_to_keep_with_a_cache_still_fills_the_cache():
+    model = Transformer(tiny())
+    x = ids(2, 9)
+    with torch.no_grad():
+        cache = model.new_cache(2, 16)
+        assert model(x[:, :8], cache=cache, logits_to_keep=torch.zeros(0, dtype=torch.long)).shape == (2, 0, V)
+        last = model(x[:, 8:], cache=cache)[:, -1]
+        torch.testing.assert_close(last, model(x)[:, -1], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("keep", [-1, 11, 1.0, True, torch.tensor([10]), torch.tensor([0.0]),
+                                  torch.zeros(2, 1, dtype=torch.long), torch.zeros(3, 1, 1, dtype=torch.long)])
+def test_bad_logits_to_keep_raises_naming_it_before_the_cache_changes(keep):
+    model = Transformer(tiny())
+    cache = model.new_cache(3, 16)
+    with pytest.raises(ValueError, match="logits_to_keep"):
+        model(ids(3, 10), cache=cache, logits_to_keep=keep)
+    assert cache.lengths.tolist() == [0, 0, 0] and cache.k.abs().sum() == 0
+
+
+def test_token_ids_outside_the_vocabulary_raise_before_anything_is_written():
+    model = Transformer(tiny())
+    cache = model.new_cache(3, 16)
+    for bad in (V, -1):
+        x = ids(3, 4)
+        x[1, 2] = bad
+        with pytest.raises(ValueError, match=rf"input_ids must hold token ids in \[0, {V - 1}\]"):
+            model(x, cache=cache)
+    assert cache.lengths.tolist() == [0, 0, 0] and cache.k.abs().sum() == 0
+    for dtype in (torch.float32, torch.bool, torch.uint8):
+        with pytest.raises(TypeError, match="input_ids must be an int64 or int32"):
+            model(ids(3, 4).to(dtype))
+    with pytest.raises(TypeError, match="input_ids"):
+        model([[1, 2]])
+    model(ids(3, 4).int())  # int32 ids are fine
+
+
+@pytest.mark.parametrize("kw,name", [(dict(rope_theta=math.nan), "rope_theta"), (dict(rope_theta=math.inf), "rope_theta"),
+                                     (dict(rope_theta=1.0), "rope_theta"), (dict(init_std=math.inf), "init_std"),
+                                     (dict(init_std=math.nan), "init_std"), (dict(norm_eps=math.inf), "norm_eps")])
+def test_non_finite_or_out_of_range_config_floats_raise_naming_the_field(kw, name):
+    with pytest.raises(ValueError, match=f"{name} must be a finite number"):
+        tiny(**kw)
+
+
+@pytest.mark.parametrize("kw,name", [(dict(rope_theta="1e4"), "rope_theta"), (dict(init_std=None), "init_std"),
+                                     (dict(tie_embeddings=1), "tie_embeddings"), (dict(fast="yes"), "fast")])
+def test_config_fields_of_the_wrong_type_raise_type_error(kw, name):
+    with pytest.raises(TypeError, match=name):
+        tiny(**kw)

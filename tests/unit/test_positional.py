@@ -220,6 +220,49 @@ def test_bad_input_raises_value_error_naming_the_argument(call, name):
         call()
 
 
+NAN, INF = float("nan"), float("inf")
+
+
+@pytest.mark.parametrize("call,name", [
+    (lambda: RopeScaling("linear", INF), "factor"),
+    (lambda: RopeScaling("linear", NAN), "factor"),
+    (lambda: RopeScaling("yarn", 2.0, 64, beta_fast=INF), "beta_fast"),
+    (lambda: RopeScaling("yarn", 2.0, 64, beta_slow=NAN), "beta_slow"),
+    (lambda: RopeScaling("yarn", 2.0, 64, attention_factor=INF), "attention_factor"),
+    (lambda: RopeScaling("yarn", 2.0, 64, attention_factor=NAN), "attention_factor"),
+    (lambda: RopeScaling("linear", 2.0, original_max_positions=0), "original_max_positions"),
+    (lambda: rope_frequencies(8, base=INF), "base"),
+    (lambda: rope_frequencies(8, base=NAN), "base"),
+    (lambda: sinusoidal_encoding(torch.arange(3), 4, base=INF), "base"),
+    (lambda: ntk_aware_base(10000.0, -2.0, 8), "factor"),
+    (lambda: ntk_aware_base(10000.0, 0.5, 8), "factor"),
+    (lambda: ntk_aware_base(10000.0, INF, 8), "factor"),
+    (lambda: ntk_aware_base(-1.0, 2.0, 8), "base"),
+    (lambda: yarn_attention_factor(NAN), "factor"),
+    (lambda: yarn_attention_factor(-1.0), "factor"),
+    (lambda: yarn_ramp(torch.ones(3), 1.0, INF), "beta"),
+    (lambda: yarn_paper_inv_freq(torch.ones(3), NAN, 64), "factor"),
+])
+def test_non_finite_and_out_of_range_floats_raise_value_error_naming_the_argument(call, name):
+    with pytest.raises(ValueError, match=f"{name} must be"):
+        call()
+
+
+@pytest.mark.parametrize("call,name", [
+    (lambda: RopeScaling("linear", "2"), "factor"),
+    (lambda: RopeScaling("yarn", 2.0, 64, truncate=1), "truncate"),
+    (lambda: rope_frequencies(8, base="10000"), "base"),
+    (lambda: ntk_aware_base(10000.0, None, 8), "factor"),
+])
+def test_arguments_of_the_wrong_type_raise_type_error_naming_them(call, name):
+    with pytest.raises(TypeError, match=name):
+        call()
+
+
+def test_the_ntk_base_of_a_valid_factor_is_a_real_number():
+    assert isinstance(ntk_aware_base(10000.0, 1.0, 8), float) and ntk_aware_base(10000.0, 1.0, 8) == 10000.0
+
+
 def test_scaling_variants_via_replace():
     s = RopeScaling("yarn", 4.0, 256)
     assert dataclasses.replace(s, kind="linear").factor == 4.0
