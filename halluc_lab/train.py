@@ -13,8 +13,8 @@ exactly the batches it would have seen; the only other randomness (scheduled sam
 is seeded by the step as well. Hence resuming from a checkpoint reproduces the losses of
 an uninterrupted run (tested).
 
-Checkpoints go to ``checkpoint_dir/step-NNNNNN/``: the model in Hugging Face format
-(``model.save_pretrained``) and ``trainer_state.pt`` (optimizer state, step, history, the
+Checkpoints go to ``checkpoint_dir/step-NNNNNN/``: the model's state dict as
+``model.safetensors`` (any ``nn.Module``; shared weights saved once) and ``trainer_state.pt`` (optimizer state, step, history, the
 config, and SHA-256 checksums of the weight files). Loading one checks all of it and raises
 :class:`CheckpointError` on any mismatch: never a partial load.
 
@@ -40,6 +40,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
+from safetensors.torch import load_model, save_model
 from torch import nn
 
 from halluc_lab.data import Batch
@@ -306,8 +307,7 @@ def _sha256(path: str) -> str:
     return h.hexdigest()
 
 
-def _weight_files(directory: str) -> list[str]:
-    return sorted(f for f in os.listdir(directory) if f.endswith(".safetensors"))
+WEIGHTS_FILE = "model.safetensors"
 
 
 def model_fingerprint(model: nn.Module) -> str:
@@ -324,13 +324,11 @@ def save_checkpoint(checkpoint_dir: str | os.PathLike, step: int, model: nn.Modu
     final = os.path.join(checkpoint_dir, f"step-{step:06d}")
     tmp = final + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    files = _weight_files(tmp)
-    if not files:
-        raise CheckpointError(f"{type(model).__name__}.save_pretrained wrote no .safetensors file in {tmp}")
+    os.makedirs(tmp)
+    save_model(model, os.path.join(tmp, WEIGHTS_FILE))
     torch.save({"step": step, "optimizer": opt.state_dict(), "history": history.to_dict(),
                 "config": dataclasses.asdict(cfg), "model": model_fingerprint(model),
-                "sha256": {f: _sha256(os.path.join(tmp, f)) for f in files}}, os.path.join(tmp, STATE_FILE))
+                "sha256": {WEIGHTS_FILE: _sha256(os.path.join(tmp, WEIGHTS_FILE))}}, os.path.join(tmp, STATE_FILE))
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
     kept = sorted(d for d in os.listdir(checkpoint_dir) if d.startswith("step-") and not d.endswith(".tmp"))
@@ -365,10 +363,11 @@ def load_checkpoint(path: str | os.PathLike, model: nn.Module, opt: torch.optim.
                 if state["config"].get(k) != v}
         raise CheckpointError(f"{path} was written for another TrainConfig; differing fields "
                               f"(now, checkpoint): {diff}")
-    files = _weight_files(path)
-    if sorted(state["sha256"]) != files:
-        raise CheckpointError(f"{path}: weight files {files} differ from those recorded {sorted(state['sha256'])}")
+    if sorted(state["sha256"]) != [WEIGHTS_FILE]:
+        raise CheckpointError(f"{path}: the state records weight files {sorted(state['sha256'])}, not {WEIGHTS_FILE}")
     for f, digest in state["sha256"].items():
+        if not os.path.exists(os.path.join(path, f)):
+            raise CheckpointError(f"{path}/{f} is missing")
         if _sha256(os.path.join(path, f)) != digest:
             raise CheckpointError(f"{path}/{f} is corrupted: its SHA-256 differs from the one recorded at save time")
     if state["model"] != model_fingerprint(model):
@@ -379,12 +378,10 @@ def load_checkpoint(path: str | os.PathLike, model: nn.Module, opt: torch.optim.
             raise CheckpointError(f"{path}: optimizer state has parameter groups of sizes {saved}, "
                                   f"this optimizer {[len(g['params']) for g in opt.param_groups]}")
     try:
-        loaded = type(model).from_pretrained(path)
-        weights = {k: v.to(model.state_dict()[k].dtype) for k, v in loaded.state_dict().items()
-                   if k in model.state_dict()}
-        if set(loaded.state_dict()) != set(model.state_dict()):
-            raise KeyError(sorted(set(loaded.state_dict()) ^ set(model.state_dict())))
-        model.load_state_dict(weights, strict=True)
+        missing, unexpected = load_model(model, os.path.join(path, WEIGHTS_FILE), strict=True,
+                                         device=str(next(model.parameters()).device))
+        if missing or unexpected:
+            raise KeyError(sorted(set(missing) | set(unexpected)))
         if opt is not None:
             opt.load_state_dict(state["optimizer"])
     except Exception as e:
