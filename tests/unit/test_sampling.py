@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from scipy import stats
 from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
+from halluc_lab import decoding as D
 from halluc_lab import sampling as S
 
 FAST = settings(max_examples=30, deadline=None)
@@ -364,15 +365,15 @@ def exhaustive_best(table, prompt, length):
 def test_beam_width_one_is_greedy(seed, V, length):
     table = random_logits((V, V), seed)
     step = markov_step(table)
-    beams = S.beam_search(step, torch.tensor([0]), 1, length)
-    assert torch.equal(beams.tokens[0], S.decode(step, torch.tensor([0]), length))
+    beams = D.beam_search(step, torch.tensor([0]), 1, length)
+    assert torch.equal(beams.tokens[0], D.decode(step, torch.tensor([0]), length))
 
 
 @FAST
 @given(seed=seeds, V=st.integers(2, 4), length=st.integers(1, 4))
 def test_a_beam_as_wide_as_the_search_space_finds_the_most_probable_sequence(seed, V, length):
     table = random_logits((V, V), seed)
-    beams = S.beam_search(markov_step(table), torch.tensor([0]), V ** length, length)
+    beams = D.beam_search(markov_step(table), torch.tensor([0]), V ** length, length)
     _, best = exhaustive_best(table, 0, length)
     found = beams.tokens[0].tolist()
     logp = torch.log_softmax(table, -1)
@@ -388,8 +389,8 @@ def test_beam_search_finds_what_greedy_misses():
                       [0.0, 0.0, 0.0, 0.9, 0.1],    # B -> x 0.9
                       [1.0, 0, 0, 0, 0], [1.0, 0, 0, 0, 0]], dtype=torch.float64)
     step = markov_step(p.log())
-    greedy = S.decode(step, torch.tensor([0]), 2)
-    beams = S.beam_search(step, torch.tensor([0]), 2, 2)
+    greedy = D.decode(step, torch.tensor([0]), 2)
+    beams = D.beam_search(step, torch.tensor([0]), 2, 2)
     assert greedy.tolist() == [0, 1, 3]
     assert beams.tokens[0].tolist() == [0, 2, 3]
     assert math.exp(beams.log_probs[0].item()) == pytest.approx(0.36)
@@ -399,7 +400,7 @@ def test_beam_scores_are_sorted_and_recomputable_with_length_bonus_and_eos():
     V, eos, lam = 5, 4, 0.7
     table = random_logits((V, V), 9)
     table[:, eos] += 1.0
-    beams = S.beam_search(markov_step(table), torch.tensor([[0], [2]]), 3, 6, eos_token=eos, length_bonus=lam)
+    beams = D.beam_search(markov_step(table), torch.tensor([[0], [2]]), 3, 6, eos_token=eos, length_bonus=lam)
     assert beams.tokens.shape[:2] == (2, 3) and beams.scores.shape == (2, 3)
     assert (beams.scores[:, :-1] >= beams.scores[:, 1:]).all()
     logp = torch.log_softmax(table, -1)
@@ -416,8 +417,8 @@ def test_length_bonus_favours_longer_hypotheses():
     # start -> EOS 0.5 or a 0.5; a -> EOS 1.0: λ = 0 ties, λ > 0 prefers the longer "a EOS".
     p = torch.tensor([[0.0, 0.55, 0.45], [0.0, 0.0, 1.0], [0.0, 1.0, 0.0]], dtype=torch.float64)
     step = markov_step(p.log())
-    short = S.beam_search(step, torch.tensor([0]), 2, 3, eos_token=1, length_bonus=0.0)
-    long = S.beam_search(step, torch.tensor([0]), 2, 3, eos_token=1, length_bonus=1.0)
+    short = D.beam_search(step, torch.tensor([0]), 2, 3, eos_token=1, length_bonus=0.0)
+    long = D.beam_search(step, torch.tensor([0]), 2, 3, eos_token=1, length_bonus=1.0)
     assert short.lengths[0].item() == 1 and long.lengths[0].item() == 2
 
 
@@ -425,27 +426,27 @@ def test_decode_with_sampling_is_reproducible_and_stops_after_eos():
     table = random_logits((6, 6), 10)
     table[:, 5] += 2.0
     choose = functools.partial(S.sample, generator=torch.Generator().manual_seed(0))
-    out = S.decode(markov_step(table), torch.zeros(8, 1, dtype=torch.long), 30, choose, eos_token=5)
+    out = D.decode(markov_step(table), torch.zeros(8, 1, dtype=torch.long), 30, choose, eos_token=5)
     assert out.shape[0] == 8 and out.shape[1] <= 31
     for row in out.tolist():
         if 5 in row:
             assert all(t == 5 for t in row[row.index(5):])
     choose2 = functools.partial(S.sample, generator=torch.Generator().manual_seed(0))
-    assert torch.equal(out, S.decode(markov_step(table), torch.zeros(8, 1, dtype=torch.long), 30, choose2, 5))
+    assert torch.equal(out, D.decode(markov_step(table), torch.zeros(8, 1, dtype=torch.long), 30, choose2, 5))
 
 
 # --- repetition and diversity ----------------------------------------------------------------
 
 def test_repetition_rate_on_small_cases():
     loop = torch.tensor([[1, 2, 1, 2, 1, 2]])  # bigrams 12 21 12 21 12: 2 distinct of 5
-    assert S.repetition_rate(loop, 2) == pytest.approx(1 - 2 / 5)
+    assert D.repetition_rate(loop, 2) == pytest.approx(1 - 2 / 5)
     fresh = torch.tensor([[0, 1, 2, 3], [4, 5, 6, 7]])
-    assert S.repetition_rate(fresh, 2) == 0.0
+    assert D.repetition_rate(fresh, 2) == 0.0
     mixed = torch.cat([loop, torch.tensor([[0, 1, 2, 3, 4, 5]])])  # the mean over sequences
-    assert S.repetition_rate(mixed, 2) == pytest.approx((1 - 2 / 5) / 2)
-    assert S.repetition_rate(torch.tensor([[7, 7, 7]]), 1) == pytest.approx(2 / 3)
+    assert D.repetition_rate(mixed, 2) == pytest.approx((1 - 2 / 5) / 2)
+    assert D.repetition_rate(torch.tensor([[7, 7, 7]]), 1) == pytest.approx(2 / 3)
     with pytest.raises(ValueError, match="n must be in"):
-        S.repetition_rate(fresh, 5)
+        D.repetition_rate(fresh, 5)
 
 
 # --- bad input ---------------------------------------------------------------------------------
@@ -520,17 +521,17 @@ def test_per_row_parameters_of_the_wrong_shape_or_range_raise():
 def test_bad_beam_and_decode_arguments_raise():
     step = markov_step(random_logits((4, 4), 0))
     with pytest.raises(ValueError, match=r"beam_width must be an int in \[1, inf\)"):
-        S.beam_search(step, torch.tensor([0]), 0, 3)
+        D.beam_search(step, torch.tensor([0]), 0, 3)
     with pytest.raises(ValueError, match="max_new_tokens"):
-        S.decode(step, torch.tensor([0]), -1)
+        D.decode(step, torch.tensor([0]), -1)
     with pytest.raises(ValueError, match="prompt"):
-        S.decode(step, torch.tensor([0.0]), 2)
+        D.decode(step, torch.tensor([0.0]), 2)
     with pytest.raises(ValueError, match="eos_token"):
-        S.beam_search(step, torch.tensor([0]), 2, 3, eos_token=9)
+        D.beam_search(step, torch.tensor([0]), 2, 3, eos_token=9)
     with pytest.raises(ValueError, match="step must map tokens"):
-        S.beam_search(lambda t: torch.zeros(1, 4), torch.tensor([[0], [1]]), 2, 3)
+        D.beam_search(lambda t: torch.zeros(1, 4), torch.tensor([[0], [1]]), 2, 3)
     with pytest.raises(ValueError, match="length_bonus"):
-        S.beam_search(step, torch.tensor([0]), 2, 3, length_bonus=math.nan)
+        D.beam_search(step, torch.tensor([0]), 2, 3, length_bonus=math.nan)
 
 
 def test_empty_prompts_raise_naming_the_shape():
@@ -538,24 +539,24 @@ def test_empty_prompts_raise_naming_the_shape():
     for prompt in (torch.zeros(0, dtype=torch.long), torch.zeros(2, 0, dtype=torch.long),
                    torch.zeros(0, 3, dtype=torch.long)):
         with pytest.raises(ValueError, match=r"prompt must have N >= 1 rows of T0 >= 1 tokens"):
-            S.decode(step, prompt, 2)
+            D.decode(step, prompt, 2)
         with pytest.raises(ValueError, match=r"prompt must have N >= 1 rows of T0 >= 1 tokens"):
-            S.beam_search(step, prompt, 2, 2)
+            D.beam_search(step, prompt, 2, 2)
 
 
 @pytest.mark.parametrize("eos", [4, -1, 2.0, True])
 def test_decode_rejects_an_eos_token_outside_the_vocabulary_of_the_first_step(eos):
     step = markov_step(random_logits((4, 4), 0))  # V = 4
     with pytest.raises(ValueError, match=r"eos_token must be an int in \[0, 3\]"):
-        S.decode(step, torch.tensor([0]), 3, eos_token=eos)
+        D.decode(step, torch.tensor([0]), 3, eos_token=eos)
     one_token = lambda tokens: torch.zeros(tokens.shape[0], 1)  # V = 1: token 0 is the only valid eos
-    assert S.decode(one_token, torch.tensor([0]), 3, eos_token=0).tolist() == [0, 0]
+    assert D.decode(one_token, torch.tensor([0]), 3, eos_token=0).tolist() == [0, 0]
 
 
 def test_repetition_rate_of_no_sequences_or_no_tokens_raises():
     for tokens in (torch.zeros(0, 5, dtype=torch.long), torch.zeros(3, 0, dtype=torch.long)):
         with pytest.raises(ValueError, match=r"tokens must hold S >= 1 sequences of L >= 1 tokens"):
-            S.repetition_rate(tokens, 1)
+            D.repetition_rate(tokens, 1)
 
 
 # --- on the GPU: no host synchronisation, CUDA-graph capture -----------------------------------
