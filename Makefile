@@ -7,7 +7,6 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 TORCH_VERSION ?= 2.13.0
-TORCH_WHEELS ?= /opt/wheels
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: setup book test lab reproduce bench browser clean
@@ -18,11 +17,12 @@ $(STAMP): requirements.txt pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	@# torch first, so that requirements' torch>=2.4 is already met and pulls no CUDA wheels on a CPU machine.
+	@# Without an NVIDIA GPU (and not on macOS): the CPU build torch==$(TORCH_VERSION)+cpu, which pip finds
+	@# wherever its own configuration points (an index or find-links); if it finds none, the newest CPU
+	@# build from PyTorch's CPU index (this needs the internet).
 	@if nvidia-smi -L >/dev/null 2>&1 || [ "$$(uname)" = Darwin ]; then \
 	    $(PY) -m pip install --quiet "torch>=2.4"; \
-	elif ls $(TORCH_WHEELS)/torch-$(TORCH_VERSION)*cpu*.whl >/dev/null 2>&1; then \
-	    $(PY) -m pip install --quiet --find-links $(TORCH_WHEELS) "torch==$(TORCH_VERSION)"; \
-	else \
+	elif ! $(PY) -m pip install --quiet "torch==$(TORCH_VERSION)+cpu"; then \
 	    $(PY) -m pip install --quiet --index-url https://download.pytorch.org/whl/cpu "torch>=2.4"; \
 	fi
 	$(PY) -m pip install --quiet -r requirements.txt -e .
