@@ -5,9 +5,10 @@ Chapters 7–8. Sources: 000 §5.7 (gradient accumulation), §5.8 (AdamW, Loshch
 forward, ``zero_grad``, ``backward``, ``step``).
 
 The loop knows no loss: it takes a callable ``loss(model, batch) -> (summed loss, count)``
-(:data:`Loss`), sums both over the micro-batches and divides the gradient by the total count.
-Next-token cross-entropy (:class:`NextTokenLoss`, pre-training and SFT) is the default; DPO, a
-reward model or a policy gradient pass their own — no loss is ever chosen by a string. Data come
+(:data:`halluc_lab.step.Loss`); :mod:`halluc_lab.step` runs one optimizer step with it (eagerly, or
+replayed as a CUDA graph on a GPU). Next-token cross-entropy (:class:`~halluc_lab.step.NextTokenLoss`,
+pre-training and SFT) is the default; DPO, a reward model or a policy gradient pass their own — no
+loss is ever chosen by a string. Data come
 from a function ``step -> Batch`` (:func:`halluc_lab.data.batches`) so that a resumed run sees
 exactly the batches it would have seen; the only other randomness (scheduled sampling)
 is seeded by the step as well. Hence resuming from a checkpoint reproduces the losses of
@@ -18,10 +19,7 @@ Checkpoints go to ``checkpoint_dir/step-NNNNNN/``: the model's state dict as
 config, and SHA-256 checksums of the weight files). Loading one checks all of it and raises
 :class:`CheckpointError` on any mismatch: never a partial load.
 
-Departures: 000 §5.7 writes accumulation as the mean of K micro-batch gradients; that equals the
-big batch's gradient only when the K micro-batches hold equally many target tokens. Here the
-summed losses and counts are accumulated and the gradient divided once by the whole batch's
-count, which is exactly the big batch's mean-token loss (tested). The schedule counts optimizer steps from t = 1, so the first update already
+Departures: the schedule counts optimizer steps from t = 1, so the first update already
 uses η0/W (Hugging Face's ``get_cosine_schedule_with_warmup`` is the same function of t but
 starts at t = 0, where the rate is 0). Weight decay applies to matrices only (embeddings and
 linear weights), not to norm gains, as in nanoGPT.
@@ -29,7 +27,6 @@ linear weights), not to norm gains, as in nanoGPT.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import math
@@ -45,8 +42,9 @@ from torch import nn
 
 from halluc_lab.data import Batch
 from halluc_lab.device import deterministic
-from halluc_lab.losses import causal_lm_loss
 from halluc_lab.progress import progress
+from halluc_lab.step import (CapturedStep, EagerStep, Loss, NextTokenLoss, accumulate_gradients,  # noqa: F401
+                             make_optimizer)
 
 STATE_FILE = "trainer_state.pt"
 
@@ -105,17 +103,6 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
     return cfg.lr * 0.5 * (1.0 + math.cos(math.pi * (step - cfg.warmup_steps) / (cfg.steps - cfg.warmup_steps)))
 
 
-def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
-    """AdamW (000 §5.8) with weight decay on matrices and none on vectors (norm gains, biases)."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
-              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-    # On a GPU the fused kernel updates every parameter in one launch; elsewhere PyTorch's default.
-    fused = True if params and all(p.is_cuda for p in params) else None
-    return torch.optim.AdamW([g for g in groups if g["params"]], lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
-                             fused=fused)
-
-
 @torch.no_grad()
 def adamw_reference_step(param: torch.Tensor, grad: torch.Tensor, m: torch.Tensor, v: torch.Tensor, t: int,
                          lr: float, betas: tuple[float, float], eps: float, weight_decay: float) -> None:
@@ -149,75 +136,10 @@ class History:
         return cls(**{f.name: list(d[f.name]) for f in dataclasses.fields(cls)})
 
 
-def _autocast(device: torch.device, dtype: torch.dtype | None):
-    if dtype is None or dtype == torch.float32:
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=device.type, dtype=dtype)
-
-
-Loss = Callable[[nn.Module, Batch], "tuple[torch.Tensor, torch.Tensor]"]
-"""``loss(model, batch) -> (summed loss, count)``: 0-d tensors; the loop divides the gradient by the count."""
-
-
-@dataclass(frozen=True)
-class NextTokenLoss:
-    """Next-token cross-entropy summed over the batch's target tokens (000 §5.2–5.4, 001 eq. 9).
-
-    The loss of pre-training (every token a target) and of SFT (completion-only labels): which
-    tokens count is decided by the batch's labels, not here.
-    """
-
-    label_smoothing: float = 0.0  # ε of 004 §3.7
-
-    def __post_init__(self):
-        if not (isinstance(self.label_smoothing, (int, float)) and 0.0 <= self.label_smoothing < 1.0):
-            raise ValueError(f"label_smoothing must be in [0, 1), got {self.label_smoothing!r}")
-
-    def __call__(self, model: nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-        logits = model(batch.input_ids, **batch.model_kwargs())  # (B, T, V)
-        summed = causal_lm_loss(logits, batch.labels, label_smoothing=self.label_smoothing, reduction="sum")
-        return summed, batch.n_targets
-
-
-def _sync_gradients(model: nn.Module, last: bool):
-    """The seam for data parallelism: a model wrapped for it (``no_sync``, as DistributedDataParallel
-    has) all-reduces its gradients only on the last micro-batch of a step."""
-    no_sync = getattr(model, "no_sync", None)
-    return contextlib.nullcontext() if last or no_sync is None else no_sync()
-
-
-def accumulate_gradients(model: nn.Module, batch: Batch, accum_steps: int, *, loss: Loss = NextTokenLoss(),
-                         autocast_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Backpropagate the batch's mean loss in ``accum_steps`` micro-batches; return (mean loss, count).
-
-    Each micro-batch's *summed* loss is backpropagated and the accumulated gradient divided once by
-    the whole batch's count, so it is the big batch's gradient whatever the micro-batches hold
-    (000 §5.7, see the module docstring). Both results are 0-d tensors: no host sync.
-    """
-    n_rows = batch.input_ids.shape[0]
-    if not isinstance(accum_steps, int) or not 1 <= accum_steps <= n_rows:
-        raise ValueError(f"accum_steps must be an int in [1, {n_rows}] (the batch's rows), got {accum_steps!r}")
-    device = batch.input_ids.device
-    total, count = torch.zeros((), device=device), torch.zeros((), device=device)
-    chunks = torch.arange(n_rows, device=device).tensor_split(accum_steps)
-    for i, rows in enumerate(chunks):
-        with _sync_gradients(model, last=i == len(chunks) - 1):
-            with _autocast(device, autocast_dtype):
-                summed, n = loss(model, batch[rows])
-            summed.backward()
-        total += summed.detach()
-        count += n
-    scale = 1.0 / count.clamp_min(1)  # a step without targets is reported at the next flush
-    grads = [p.grad for p in model.parameters() if p.grad is not None]
-    if grads:
-        torch._foreach_mul_(grads, scale)
-    return total * scale, count
-
-
 def train(model: nn.Module, data: Callable[[int], Batch], cfg: TrainConfig, *,
           checkpoint_dir: str | os.PathLike | None = None, resume: bool = False,
           loss: Loss = NextTokenLoss(), prepare: Callable[[nn.Module, Batch, int], Batch] | None = None,
-          autocast_dtype: torch.dtype | None = None, desc: str = "train") -> History:
+          autocast_dtype: torch.dtype | None = None, cuda_graph: bool | None = None, desc: str = "train") -> History:
     """Train ``model`` for ``cfg.steps`` optimizer steps; return the metrics history.
 
     Args:
@@ -230,15 +152,20 @@ def train(model: nn.Module, data: Callable[[int], Batch], cfg: TrainConfig, *,
         resume: continue from the latest checkpoint in ``checkpoint_dir`` if there is one.
         prepare: ``prepare(model, batch, step) -> batch`` run before the step (scheduled sampling).
         autocast_dtype: e.g. ``torch.bfloat16`` for autocast on the model's device; None for none.
+        cuda_graph: capture the step as a CUDA graph (:class:`~halluc_lab.step.CapturedStep`); None: on CUDA.
     """
     with deterministic():  # same seed, same device type: the same bits (ARCHITECTURE.md §3)
-        return _train_loop(model, data, cfg, checkpoint_dir, resume, loss, prepare, autocast_dtype, desc)
+        return _train_loop(model, data, cfg, checkpoint_dir, resume, loss, prepare, autocast_dtype, cuda_graph, desc)
 
 
-def _train_loop(model, data, cfg, checkpoint_dir, resume, loss, prepare, autocast_dtype, desc) -> History:
+def _train_loop(model, data, cfg, checkpoint_dir, resume, loss, prepare, autocast_dtype, cuda_graph,
+                desc) -> History:
     """The body of :func:`train`."""
     device = next(model.parameters()).device
-    opt = make_optimizer(model, cfg)
+    graphed = device.type == "cuda" if cuda_graph is None else cuda_graph
+    if graphed and device.type != "cuda":
+        raise ValueError(f"cuda_graph=True needs the model on a CUDA device, not {device.type}")
+    opt = make_optimizer(model, cfg, capturable=graphed)
     history, start = History(), 1
     if resume:
         if checkpoint_dir is None:
@@ -249,20 +176,16 @@ def _train_loop(model, data, cfg, checkpoint_dir, resume, loss, prepare, autocas
             start = done + 1
     was_training = model.training
     model.train()
-    params = [p for g in opt.param_groups for p in g["params"]]
-    pending: list[tuple[int, float, torch.Tensor, torch.Tensor, int]] = []
+    step_fn = (CapturedStep if graphed else EagerStep)(model, opt, grad_clip=cfg.grad_clip, accum_steps=cfg.accum_steps,
+                                                       loss=loss, autocast_dtype=autocast_dtype)
+    pending: list[tuple] = []
     clock = time.perf_counter()
     for step in progress(range(start, cfg.steps + 1), desc=desc, initial=start - 1, total=cfg.steps):
         lr = lr_at(step, cfg)
-        for g in opt.param_groups:
-            g["lr"] = lr
         batch = data(step - 1).to(device)
         if prepare is not None:
             batch = prepare(model, batch, step)
-        total, count = accumulate_gradients(model, batch, cfg.accum_steps, loss=loss, autocast_dtype=autocast_dtype)
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip or math.inf)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        total, grad_norm, count = step_fn(batch, lr)
         pending.append((step, lr, total, grad_norm, count, batch.input_ids.numel()))
         save_now = checkpoint_dir is not None and (
             step == cfg.steps or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0))
@@ -270,6 +193,7 @@ def _train_loop(model, data, cfg, checkpoint_dir, resume, loss, prepare, autocas
             clock = _flush(pending, history, clock)
         if save_now:
             save_checkpoint(checkpoint_dir, step, model, opt, history, cfg)
+    opt.zero_grad(set_to_none=True)  # a captured step's gradients live in its graph's memory: let them go
     model.train(was_training)
     return history
 

@@ -210,3 +210,68 @@ def test_bad_step_and_accumulation_raise():
         lr_at(11, TrainConfig(steps=10, warmup_steps=1))
     with pytest.raises(ValueError, match="accum_steps"):
         accumulate_gradients(model(), rows(4), 5)
+
+
+# -- the captured step (CUDA) ----------------------------------------------------------------------
+def _lab_rows(device):
+    from halluc_lab.data import encode_example, pack
+    from halluc_lab.tasks import Arithmetic, ArithmeticConfig
+
+    task = Arithmetic(ArithmeticConfig(max_digits=2))
+    tok = task.tokenizer()
+    seqs = [encode_example(tok, e) for e in task.examples("train", 400, seed=0)]
+    return pack(seqs, 32, tok.pad_id).to(device), tok.vocab_size
+
+
+def _lab_model(vocab, device):
+    from tests.unit._tiny_lm import small_transformer
+
+    return small_transformer(vocab, seed=0).train().to(device)
+
+
+@pytest.mark.gpu
+def test_captured_step_trains_as_the_eager_step_does_and_repeats_bit_for_bit():
+    dev = torch.device("cuda")
+    rows_, vocab = _lab_rows(dev)
+    cfg = TrainConfig(steps=30, lr=3e-3, warmup_steps=3, log_every=5, accum_steps=2)
+
+    def run(graph):
+        m = _lab_model(vocab, dev)
+        h = train(m, batches(rows_, 16, seed=0), cfg, cuda_graph=graph, autocast_dtype=torch.bfloat16)
+        return h, [p.detach().clone() for p in m.parameters()]
+
+    eager, graphed, again = run(False), run(True), run(True)
+    assert graphed[0].loss == again[0].loss and graphed[0].grad_norm == again[0].grad_norm
+    assert all(torch.equal(a, b) for a, b in zip(graphed[1], again[1]))
+    # The same arithmetic in another order of kernels: equal to rounding, not to the bit.
+    assert max(abs(a - b) for a, b in zip(eager[0].loss, graphed[0].loss)) < 0.05 * eager[0].loss[0]
+    assert graphed[0].loss[-1] < 0.8 * graphed[0].loss[0]
+
+
+@pytest.mark.gpu
+def test_captured_step_resumes_exactly_as_without_the_interruption(tmp_path):
+    dev = torch.device("cuda")
+    rows_, vocab = _lab_rows(dev)
+    cfg = TrainConfig(steps=12, lr=3e-3, warmup_steps=2, checkpoint_every=4, log_every=2)
+    data = batches(rows_, 16, seed=1)
+    straight = _lab_model(vocab, dev)
+    full = train(straight, data, cfg, checkpoint_dir=tmp_path / "a", cuda_graph=True, autocast_dtype=torch.bfloat16)
+
+    def crashing(i):
+        if i == 6:
+            raise Crash
+        return data(i)
+
+    with pytest.raises(Crash):
+        train(_lab_model(vocab, dev), crashing, cfg, checkpoint_dir=tmp_path / "b", cuda_graph=True,
+              autocast_dtype=torch.bfloat16)
+    resumed = _lab_model(vocab, dev)
+    hist = train(resumed, data, cfg, checkpoint_dir=tmp_path / "b", resume=True, cuda_graph=True,
+                 autocast_dtype=torch.bfloat16)
+    assert hist.loss == full.loss and hist.grad_norm == full.grad_norm
+    assert all(torch.equal(a, b) for a, b in zip(resumed.parameters(), straight.parameters()))
+
+
+def test_a_captured_step_needs_a_cuda_model():
+    with pytest.raises(ValueError, match="cuda_graph=True needs"):
+        train(model(), batches(rows(8), 8, seed=0), TrainConfig(steps=2, warmup_steps=1), cuda_graph=True)
