@@ -1,9 +1,8 @@
-"""Named training recipes: every model of the book, trained on first use and cached after.
+"""Named training recipes: every model of the book, its stages, trained on first use and cached.
 
 Chapters 7–8 define and train them; every later chapter gets its models only from here
-(DESIGN.md §3). A recipe is a frozen config: the task's world, the model's shape, the
-optimisation, the data (pre-training corpus or SFT examples, with or without backspace
-demonstrations or scheduled sampling) and, for SFT, the recipe it starts from::
+(DESIGN.md §3). A recipe (:class:`Recipe`) is a frozen config: the task's world, the model's
+shape, the optimisation, the stage and the recipe whose weights it starts from::
 
     import halluc_lab as hl
     from halluc_lab import recipes
@@ -11,141 +10,220 @@ demonstrations or scheduled sampling) and, for SFT, the recipe it starts from::
     kb = recipes.load("kb_walk-sft-clean", rt)   # trains kb_walk-pretrain, then this; or loads both
     kb.model, kb.tokenizer, kb.task, kb.history
 
-Names are ``<task>-<stage>`` with task in :data:`TASKS` and stage in :data:`STAGES`; each
-exists at both scales (``recipes.get(name, "smoke")``).
+**Stages** own how their data are assembled and what their training needs (the :class:`Stage`
+interface): :class:`Pretraining` (chapter 7) and :class:`SFT` (chapter 8) so far; nothing chooses
+a stage by its name. Sources: 000 §5.4 (completion-only loss), §5.7 (packing), §7.3 (backspace
+demonstrations); 002 ("Scheduled Sampling").
 
-**Cache.** Checkpoints live in ``$HALLUC_CACHE/recipes/<name>/<key>/``; without
-``$HALLUC_CACHE``, in ``$XDG_CACHE_HOME/halluc_lab`` or ``~/.cache/halluc_lab``. The key is a
-hash of the whole recipe (its parent included), the autocast dtype, :data:`FORMAT_VERSION`
-and :func:`code_fingerprint` — a hash of the code that shapes the trained weights (the
-model, the loop, the loss, the data pipeline, the tasks) with comments, docstrings and
-formatting left out. So a changed config or a changed line of that code trains afresh and
-never loads another's weights; editing prose does not. Bump :data:`FORMAT_VERSION` for a
-change the fingerprint cannot see (a new library version that computes differently). A directory is complete only once its ``DONE`` marker
-is written; an interrupted run resumes from its last checkpoint; a file lock keeps two
-processes from training the same recipe at once. The model directory holds a Hugging
-Face checkpoint and tokenizer (``AutoModelForCausalLM``/``AutoTokenizer`` load it).
+**Names** are ``<task>-<stage>`` with task in :data:`TASKS` and stage in :data:`STAGES`, each at both
+scales (``recipes.get(name, "smoke")``). The registry is three tables (:data:`SCALE_PLANS`,
+:data:`TASK_PLANS`, :data:`STAGE_PLANS`): a new stage is a row, not a branch. :func:`with_seed`
+runs a whole chain under another seed.
+
+**The cache** — keys derived from the code each recipe uses, checksummed entries, resumable
+training, the lock — is :mod:`halluc_lab.recipe_cache`, which also defines :class:`Recipe` and
+:class:`Stage`; its public names are re-exported here.
 """
 
 from __future__ import annotations
 
-import ast
-import contextlib
 import dataclasses
-import datetime
-import hashlib
-import importlib.util
-import json
-import os
+import math
 import random
-import shutil
-import time
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 import torch
+from torch import nn
 
-from halluc_lab.model import ModelConfig, Transformer
-from halluc_lab.data import Batch, batches, encode_document, encode_example, pack
+from halluc_lab.data import Batch, encode_document, encode_example, pack
+from halluc_lab.model import ModelConfig
+from halluc_lab.recipe_cache import (SCALES, CacheWarning, Prepare, Recipe, Stage, Trained, cache_root,
+                                     code_fingerprint, code_modules, directory, key, load_recipe, used, with_seed)
 from halluc_lab.sft import BackspaceConfig, backspace_demonstration, scheduled_sampling
-from halluc_lab.tasks import (ArithmeticConfig, KBWalkConfig, PathStarConfig, Task, TaskConfig, make_task)
-from halluc_lab.tokenizer import Tokenizer
-from halluc_lab.train import History, TrainConfig, latest_checkpoint, train
+from halluc_lab.tasks import ArithmeticConfig, KBWalkConfig, PathStarConfig, TaskConfig, make_task
+from halluc_lab.train import TrainConfig
 
-FORMAT_VERSION = 1  # bump when code that determines trained weights changes
-TASKS = ("kb_walk", "arithmetic", "path_star")
-STAGES = ("pretrain", "sft-clean", "sft-backspace", "sft-scheduled")
-SCALES = ("smoke", "full")
-ENV_CACHE = "HALLUC_CACHE"
+__all__ = ["Recipe", "with_seed", "Stage", "Pretraining", "SFT", "ScheduledSampling", "get", "NAMES", "TASKS",
+           "STAGES", "SCALES", "training_rows", "load", "load_recipe", "Trained", "CacheWarning", "key",
+           "directory", "cache_root", "code_modules", "code_fingerprint", "used"]
+
+
+# -- stages ------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Pretraining(Stage):
+    """Next-token prediction on every token of the task's pre-training corpus, packed (chapter 7)."""
+
+    def rows(self, recipe: Recipe) -> Batch:
+        return _pretraining_rows(recipe.task, recipe.seq_len, recipe.seed)
 
 
 @dataclass(frozen=True)
-class Recipe:
-    """Everything that determines a trained model."""
+class SFT(Stage):
+    """Supervised fine-tuning on the task's train split (chapter 8), with the variants the book compares."""
 
-    name: str  # "<task>-<stage>", e.g. "kb_walk-sft-clean"
-    scale: str  # "smoke" or "full"
-    task: TaskConfig  # the task's world, splits and corpus
-    model: ModelConfig  # the decoder's shape (an SFT recipe repeats its parent's)
-    train: TrainConfig  # optimisation
-    batch_size: int  # packed rows per optimizer step
+    n_examples: int  # training examples drawn from the task's train split
+    completion_only: bool = True  # loss on the completion only (000 §5.4)
+    replay_fraction: float = 0.0  # pre-training documents mixed in, per SFT example (against forgetting)
+    backspace: BackspaceConfig | None = None  # inject errors + <bksp> + correction (000 §7.3); None: clean
+    scheduled_sampling: float = 0.0  # final rate of scheduled sampling, ramped up linearly from 0 (002)
+
+    def __post_init__(self):
+        if not isinstance(self.n_examples, int) or isinstance(self.n_examples, bool) or self.n_examples < 1:
+            raise ValueError(f"n_examples must be an int >= 1, got {self.n_examples!r}")
+        if not isinstance(self.completion_only, bool):
+            raise TypeError(f"completion_only must be a bool, got {self.completion_only!r}")
+        if not (isinstance(self.replay_fraction, (int, float)) and math.isfinite(self.replay_fraction)
+                and self.replay_fraction >= 0):
+            raise ValueError(f"replay_fraction must be a finite number >= 0, got {self.replay_fraction!r}")
+        if self.backspace is not None and not isinstance(self.backspace, BackspaceConfig):
+            raise TypeError(f"backspace must be a BackspaceConfig or None, got {type(self.backspace).__name__}")
+        if not (isinstance(self.scheduled_sampling, (int, float)) and 0.0 <= self.scheduled_sampling <= 1.0):
+            raise ValueError(f"scheduled_sampling must be in [0, 1], got {self.scheduled_sampling!r}")
+
+    def rows(self, recipe: Recipe) -> Batch:
+        """The examples (with backspace demonstrations if asked), the replayed documents, shuffled and packed.
+
+        Replayed documents come from the corpus of the chain's pre-training recipe (its seed), also
+        when this recipe starts from another SFT recipe.
+        """
+        task = make_task(recipe.task)
+        tok = task.tokenizer()
+        rng = random.Random(recipe.seed)
+        seqs = []
+        for ex in task.examples("train", self.n_examples, seed=recipe.seed):
+            if self.backspace is not None:
+                seqs += backspace_demonstration(tok, task, ex, self.backspace, rng)
+            else:
+                seqs.append(encode_example(tok, ex, completion_only=self.completion_only))
+        if self.replay_fraction > 0:
+            docs = task.pretraining_documents(seed=recipe.pretraining.seed)
+            seqs += [encode_document(tok, d) for d in rng.sample(docs, int(self.replay_fraction * self.n_examples))]
+        rng.shuffle(seqs)
+        return pack(seqs, recipe.seq_len, tok.pad_id)
+
+    def prepare(self, recipe: Recipe) -> Prepare | None:
+        """Scheduled sampling when its rate is above 0, else nothing."""
+        if self.scheduled_sampling == 0:
+            return None
+        return ScheduledSampling(self.scheduled_sampling, recipe.train.steps, recipe.seed)
+
+
+@dataclass(frozen=True)
+class ScheduledSampling:
+    """``prepare(model, batch, step)``: :func:`~halluc_lab.sft.scheduled_sampling` at a rate ramped
+    linearly from 0 to ``final_rate`` over the run, its draws seeded by the step (so a resumed run
+    draws what an uninterrupted one would)."""
+
+    final_rate: float  # the rate at the last step
+    steps: int  # the run's optimizer steps
+    seed: int  # the recipe's seed
+
+    def __call__(self, model: nn.Module, batch: Batch, step: int) -> Batch:
+        g = torch.Generator(device=batch.input_ids.device).manual_seed(self.seed * 1_000_003 + step)
+        return scheduled_sampling(model, batch, self.final_rate * step / self.steps, g)
+
+
+@lru_cache(maxsize=4)
+def _pretraining_rows(task: TaskConfig, seq_len: int, seed: int) -> Batch:
+    """The task's pre-training corpus (drawn with ``seed``), a document per sequence, packed in rows of ``seq_len``."""
+    t = make_task(task)
+    tok = t.tokenizer()
+    return pack([encode_document(tok, d) for d in t.pretraining_documents(seed)], seq_len, tok.pad_id)
+
+
+# -- the registry ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ScalePlan:
+    """What every recipe of one scale shares (a row of :data:`SCALE_PLANS`)."""
+
+    model: ModelConfig  # the decoder's shape; get() replaces the placeholder vocab_size by the task's
+    batch_size: int  # packed rows per step: large on a GPU, where a step costs about the same whatever its size
     seq_len: int  # tokens per packed row
-    parent: Recipe | None = None  # the recipe whose weights this one starts from (None: random init)
-    n_examples: int = 0  # SFT: training examples drawn from the task's train split
-    completion_only: bool = True  # SFT: loss on the completion only (000 §5.4)
-    replay_fraction: float = 0.0  # SFT: pre-training documents mixed in, per SFT example
-    backspace: BackspaceConfig | None = None  # SFT: inject errors + <bksp> + correction
-    scheduled_sampling: float = 0.0  # SFT: final rate of scheduled sampling (ramped up linearly from 0)
-    seed: int = 0  # model initialisation, data order and data draws
-
-    @property
-    def stage(self) -> str:
-        """"pretrain" or the SFT variant."""
-        return self.name.split("-", 1)[1]
-
-    @property
-    def pretraining(self) -> Recipe:
-        """The pre-training recipe at the root of this one's parents (itself for a pre-training recipe)."""
-        return self if self.parent is None else self.parent.pretraining
 
 
-# -- the registry --------------------------------------------------------------------------------
-def _task_config(task: str, scale: str) -> TaskConfig:
-    full = scale == "full"
-    if task == "kb_walk":
-        return KBWalkConfig(n_entities=120 if full else 24, n_relations=6 if full else 4,
-                            common_count=3400 if full else 600, facts_per_document=7, max_hops=4 if full else 3)
-    if task == "arithmetic":
-        return ArithmeticConfig(max_digits=3 if full else 2, reverse_output=False,
-                                n_pretrain_documents=192_000 if full else 4000, equations_per_document=3)
-    # 20 labels at full scale, not more: the edge look-up is learned abruptly, and later the more labels
-    # there are (a 4 x 128 model fine-tuned on 30 labels had not learned it after 3,000 steps, on 20 it had
-    # by step 1,000; book/results/training.md). Bachmann & Nagarajan train far longer on larger graphs.
-    return PathStarConfig(degree=2, path_length=5 if full else 4, n_nodes=20 if full else 16,
-                          n_pretrain_documents=192_000 if full else 6000)
+@dataclass(frozen=True)
+class TaskPlan:
+    """One task's recipes at one scale (a row of :data:`TASK_PLANS`)."""
+
+    world: TaskConfig  # the task's world, splits and corpus
+    sft: SFT  # the task's clean SFT: examples drawn, pre-training replay
+    steps: Mapping[str, int]  # optimizer steps per stage; a stage not listed makes one pass over its rows
+    parents: Mapping[str, str] = field(default_factory=dict)  # stage -> the stage it starts from, if not the usual
 
 
-def _sft_parent(task: str, stage: str) -> str:
-    """The recipe an SFT recipe starts from: the task's pre-trained model, except path_star's backspace SFT.
+@dataclass(frozen=True)
+class StagePlan:
+    """What a stage name means for every task (a row of :data:`STAGE_PLANS`)."""
 
-    On path_star every injected error is a graph node, and the correction after ``y w <bksp>`` needs the
-    child of the node three tokens back, while the simple rule "child of the last node written" points at
-    ``w``'s child: from the pre-trained model these demonstrations keep the edge look-up from forming at
-    all (full scale, 2,000 steps: greedy exact match 0.005 against clean SFT's 0.515; the same plateau in a
-    4,000-step CPU run). Starting from the clean SFT model, which has the look-up, they only add ``<bksp>``.
-    """
-    return f"{task}-sft-clean" if (task, stage) == ("path_star", "sft-backspace") else f"{task}-pretrain"
-
-
-def _sft_steps(task: str, stage: str, scale: str) -> int:
-    """SFT optimizer steps: path_star's look-up needs the most (see :func:`_task_config`); its backspace
-    SFT continues from the clean model and needs only a few hundred (see :func:`_sft_parent`)."""
-    if scale == "full":
-        if task == "path_star":
-            return 500 if stage == "sft-backspace" else 2000
-        return 400
-    return 250 if task == "kb_walk" else 300
+    stage: Callable[[TaskPlan], Stage]  # the stage, from the task's plan
+    lr: Mapping[str, float]  # peak learning rate at each scale
+    warmup_divisor: int  # warmup steps = min(100, steps // warmup_divisor)
+    seed: int  # model initialisation, data order and data draws (SFT draws other numbers than pre-training)
+    parent: str | None = None  # the stage it usually starts from (None: random weights)
 
 
-def _sft_examples(task: str, scale: str) -> int:
-    """Train-split examples an SFT recipe draws: at full scale the 400- and 2,000-step recipes see each
-    about three to five times (path_star's 500-step backspace recipe about once)."""
-    if scale == "full":
-        return {"kb_walk": 50_000, "arithmetic": 150_000, "path_star": 250_000}[task]
-    return 3000
+SCALE_PLANS = {
+    "smoke": ScalePlan(ModelConfig(vocab_size=1, hidden_size=64, n_layers=2, n_heads=4, n_kv_heads=2,
+                                   max_positions=128), batch_size=16, seq_len=64),
+    "full": ScalePlan(ModelConfig(vocab_size=1, hidden_size=256, n_layers=4, n_heads=8, n_kv_heads=4,
+                                  max_positions=256), batch_size=128, seq_len=128),
+}
 
 
-def _batch_size(scale: str) -> int:
-    """Packed rows per step: large on a GPU, where a step costs about the same whatever its size."""
-    return 128 if scale == "full" else 16
+def _sft(**changes) -> StagePlan:
+    """An SFT stage: the task's clean SFT with ``changes``, started from the task's pre-trained model."""
+    return StagePlan(lambda plan: dataclasses.replace(plan.sft, **changes), lr={"smoke": 3e-3, "full": 1e-3},
+                     warmup_divisor=20, seed=1, parent="pretrain")
 
 
-def _model_config(vocab_size: int, scale: str) -> ModelConfig:
-    if scale == "full":
-        return ModelConfig(vocab_size=vocab_size, hidden_size=256, n_layers=4, n_heads=8, n_kv_heads=4,
-                           max_positions=256)
-    return ModelConfig(vocab_size=vocab_size, hidden_size=64, n_layers=2, n_heads=4, n_kv_heads=2,
-                       max_positions=128)
+STAGE_PLANS = {
+    "pretrain": StagePlan(lambda plan: Pretraining(), lr={"smoke": 5e-3, "full": 2e-3}, warmup_divisor=10, seed=0),
+    "sft-clean": _sft(),
+    "sft-backspace": _sft(backspace=BackspaceConfig(rate=0.1)),  # 000 §7.3
+    "sft-scheduled": _sft(scheduled_sampling=0.25),  # 002, "Scheduled Sampling"
+}
+STAGES = tuple(STAGE_PLANS)
+_SFT_STAGES = ("sft-clean", "sft-backspace", "sft-scheduled")
+
+# Pre-training is exactly one pass over the corpus (no "pretrain" in steps), so a rare kb_walk fact is seen
+# 1–3 times. SFT examples drawn: at full scale the 400- and 2,000-step recipes see each about three to five
+# times (path_star's 500-step backspace recipe about once).
+TASK_PLANS = {
+    ("kb_walk", "smoke"): TaskPlan(
+        KBWalkConfig(n_entities=24, n_relations=4, common_count=600, facts_per_document=7, max_hops=3),
+        SFT(n_examples=3000, replay_fraction=0.5), dict.fromkeys(_SFT_STAGES, 250)),
+    ("kb_walk", "full"): TaskPlan(
+        KBWalkConfig(n_entities=120, n_relations=6, common_count=3400, facts_per_document=7, max_hops=4),
+        SFT(n_examples=50_000, replay_fraction=0.5), dict.fromkeys(_SFT_STAGES, 400)),
+    ("arithmetic", "smoke"): TaskPlan(
+        ArithmeticConfig(max_digits=2, reverse_output=False, n_pretrain_documents=4000, equations_per_document=3),
+        SFT(n_examples=3000), dict.fromkeys(_SFT_STAGES, 300)),
+    ("arithmetic", "full"): TaskPlan(
+        ArithmeticConfig(max_digits=3, reverse_output=False, n_pretrain_documents=192_000, equations_per_document=3),
+        SFT(n_examples=150_000), dict.fromkeys(_SFT_STAGES, 400)),
+    # 20 labels at full scale, not more: the edge look-up is learned abruptly, and later the more labels there
+    # are (a 4 x 128 model fine-tuned on 30 labels had not learned it after 3,000 steps, on 20 it had by step
+    # 1,000; book/results/training.md). Bachmann & Nagarajan train far longer on larger graphs. Hence the most
+    # SFT steps; backspace SFT continues from the clean model and needs only a few hundred.
+    #
+    # It continues from clean SFT because every injected error is a graph node, and the correction after
+    # ``y w <bksp>`` needs the child of the node three tokens back, while the simple rule "child of the last
+    # node written" points at ``w``'s child: from the pre-trained model these demonstrations keep the edge
+    # look-up from forming at all (full scale, 2,000 steps: greedy exact match 0.005 against clean SFT's 0.515;
+    # the same plateau in a 4,000-step CPU run). From clean SFT, which has the look-up, they only add <bksp>.
+    ("path_star", "smoke"): TaskPlan(
+        PathStarConfig(degree=2, path_length=4, n_nodes=16, n_pretrain_documents=6000),
+        SFT(n_examples=3000), dict.fromkeys(_SFT_STAGES, 300), parents={"sft-backspace": "sft-clean"}),
+    ("path_star", "full"): TaskPlan(
+        PathStarConfig(degree=2, path_length=5, n_nodes=20, n_pretrain_documents=192_000),
+        SFT(n_examples=250_000), {**dict.fromkeys(_SFT_STAGES, 2000), "sft-backspace": 500},
+        parents={"sft-backspace": "sft-clean"}),
+}
+TASKS = tuple(dict.fromkeys(task for task, _ in TASK_PLANS))
+_PARTS = {f"{task}-{stage}": (task, stage) for task in TASKS for stage in STAGES}
+NAMES = tuple(_PARTS)
 
 
 @lru_cache(maxsize=None)
@@ -153,245 +231,34 @@ def get(name: str, scale: str) -> Recipe:
     """The recipe called ``name`` at ``scale``: ``get("arithmetic-sft-backspace", "smoke")``."""
     if scale not in SCALES:
         raise ValueError(f"scale must be one of {SCALES}, got {scale!r}")
-    task, _, stage = name.partition("-")
-    if task not in TASKS or stage not in STAGES:
+    if name not in _PARTS:
         raise ValueError(f"unknown recipe {name!r}; names are '<task>-<stage>' with task in {TASKS} "
                          f"and stage in {STAGES}")
-    full = scale == "full"
-    tcfg = _task_config(task, scale)
-    mcfg = _model_config(make_task(tcfg).tokenizer().vocab_size, scale)
-    seq_len = 128 if full else 64
-    if stage == "pretrain":
-        steps = _pretrain_steps(task, scale)
-        return Recipe(name, scale, tcfg, mcfg, TrainConfig(steps=steps, lr=2e-3 if full else 5e-3,
-                                                           warmup_steps=min(100, steps // 10), weight_decay=0.0,
-                                                           log_every=50),
-                      batch_size=_batch_size(scale), seq_len=seq_len, seed=0)
-    parent = get(_sft_parent(task, stage), scale)
-    steps = _sft_steps(task, stage, scale)
-    return Recipe(name, scale, tcfg, mcfg,
-                  TrainConfig(steps=steps, lr=1e-3 if full else 3e-3, warmup_steps=steps // 20, weight_decay=0.0,
-                              log_every=50),
-                  batch_size=_batch_size(scale), seq_len=seq_len, parent=parent,
-                  n_examples=_sft_examples(task, scale), replay_fraction=0.5 if task == "kb_walk" else 0.0,
-                  backspace=BackspaceConfig(rate=0.1) if stage == "sft-backspace" else None,
-                  scheduled_sampling=0.25 if stage == "sft-scheduled" else 0.0, seed=1)
+    task, stage = _PARTS[name]
+    plan, how, shape = TASK_PLANS[task, scale], STAGE_PLANS[stage], SCALE_PLANS[scale]
+    parent = plan.parents.get(stage, how.parent)
+    model = dataclasses.replace(shape.model, vocab_size=make_task(plan.world).tokenizer().vocab_size)
+    draft = Recipe(name, scale, plan.world, model, TrainConfig(steps=1, warmup_steps=0), shape.batch_size,
+                   shape.seq_len, how.stage(plan), None if parent is None else get(f"{task}-{parent}", scale),
+                   how.seed)
+    steps = plan.steps.get(stage) or _one_pass(draft)
+    return dataclasses.replace(draft, train=TrainConfig(
+        steps=steps, lr=how.lr[scale], warmup_steps=min(100, steps // how.warmup_divisor), weight_decay=0.0,
+        log_every=50, checkpoint_every=max(1, min(200, steps // 4))))  # a killed run loses a quarter at most
 
 
-def _pretrain_steps(task: str, scale: str) -> int:
-    """Pre-training is exactly one pass over the corpus (so a rare kb_walk fact is seen 1–3 times)."""
-    full = scale == "full"
-    rows = _pretrain_rows(_task_config(task, scale), 128 if full else 64, 0).input_ids.shape[0]
-    return rows // _batch_size(scale)
-
-
-NAMES = tuple(f"{t}-{s}" for t in TASKS for s in STAGES)
-
-
-# -- data --------------------------------------------------------------------------------------
-@lru_cache(maxsize=4)
-def _pretrain_rows(task_cfg: TaskConfig, seq_len: int, seed: int) -> Batch:
-    task = make_task(task_cfg)
-    tok = task.tokenizer()
-    return pack([encode_document(tok, d) for d in task.pretraining_documents(seed)], seq_len, tok.pad_id)
+def _one_pass(recipe: Recipe) -> int:
+    """Optimizer steps of one pass over the recipe's rows."""
+    return training_rows(recipe).input_ids.shape[0] // recipe.batch_size
 
 
 def training_rows(recipe: Recipe) -> Batch:
     """The packed rows a recipe trains on (the whole set; :func:`halluc_lab.data.batches` draws from it)."""
-    if recipe.parent is None:
-        return _pretrain_rows(recipe.task, recipe.seq_len, recipe.seed)
-    task = make_task(recipe.task)
-    tok = task.tokenizer()
-    rng = random.Random(recipe.seed)
-    seqs = []
-    for ex in task.examples("train", recipe.n_examples, seed=recipe.seed):
-        if recipe.backspace is not None:
-            seqs += backspace_demonstration(tok, task, ex, recipe.backspace, rng)
-        else:
-            seqs.append(encode_example(tok, ex, completion_only=recipe.completion_only))
-    if recipe.replay_fraction > 0:
-        docs = task.pretraining_documents(seed=recipe.pretraining.seed)
-        seqs += [encode_document(tok, d) for d in rng.sample(docs, int(recipe.replay_fraction * recipe.n_examples))]
-    rng.shuffle(seqs)
-    return pack(seqs, recipe.seq_len, tok.pad_id)
+    return recipe.stage.rows(recipe)
 
 
-# -- the cache --------------------------------------------------------------------------------
-def cache_root() -> str:
-    """``$HALLUC_CACHE``, else ``$XDG_CACHE_HOME/halluc_lab``, else ``~/.cache/halluc_lab``."""
-    if os.environ.get(ENV_CACHE):
-        return os.environ[ENV_CACHE]
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "halluc_lab")
-
-
-def _canonical(recipe: Recipe) -> dict:
-    """The recipe as plain data, with the task config's type (asdict would drop it)."""
-    d = dataclasses.asdict(recipe)
-    d["task_type"] = type(recipe.task).__name__
-    if recipe.parent is not None:
-        d["parent"] = _canonical(recipe.parent)
-    return d
-
-
-# The modules whose code determines a recipe's trained weights.
-WEIGHT_MODULES = ("model", "attention", "positional", "sampling", "train", "sft", "data", "losses", "tokenizer", "recipes",
-                  "tasks.base", "tasks.kb_walk", "tasks.arithmetic", "tasks.path_star")
-
-
-def _strip_docstrings(tree: ast.AST) -> ast.AST:
-    for node in ast.walk(tree):
-        body = getattr(node, "body", None)
-        if (isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body
-                and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
-                and isinstance(body[0].value.value, str)):
-            node.body = body[1:] or [ast.Pass()]
-    return tree
-
-
-@lru_cache(maxsize=1)
-def code_fingerprint() -> str:
-    """A hash of the syntax trees of :data:`WEIGHT_MODULES` without docstrings (comments and
-    layout are not in the tree): it changes when their code does, not when their prose does."""
-    h = hashlib.sha256()
-    for name in WEIGHT_MODULES:
-        spec = importlib.util.find_spec(f"halluc_lab.{name}")
-        with open(spec.origin, encoding="utf-8") as f:
-            tree = _strip_docstrings(ast.parse(f.read()))
-        h.update(name.encode() + b"\0" + ast.dump(tree).encode())
-    return h.hexdigest()[:16]
-
-
-def _identity(recipe: Recipe, dtype: torch.dtype) -> dict:
-    """Everything the cache key covers, as plain data."""
-    return {"format": FORMAT_VERSION, "code": code_fingerprint(), "dtype": str(dtype), "recipe": _canonical(recipe)}
-
-
-def key(recipe: Recipe, dtype: torch.dtype = torch.float32) -> str:
-    """The cache key: a hash of the recipe, the autocast dtype, :data:`FORMAT_VERSION` and the code."""
-    blob = json.dumps(_identity(recipe, dtype), sort_keys=True, default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
-
-
-def directory(recipe: Recipe, dtype: torch.dtype = torch.float32) -> str:
-    """Where a recipe's checkpoint lives."""
-    return os.path.join(cache_root(), "recipes", recipe.name, key(recipe, dtype))
-
-
-@dataclass
-class Trained:
-    """A recipe's model, ready to use."""
-
-    recipe: Recipe  # what was trained
-    model: Transformer  # on the requested device, in eval mode
-    tokenizer: Tokenizer  # the task's vocabulary
-    task: Task  # the task (verifier, examples)
-    history: History  # the training metrics
-    path: str  # the cache directory (``path/model`` is the Hugging Face checkpoint)
-    seconds: float  # training wall time, as recorded when it was trained
-    trained_now: bool  # True if this call trained it (False: loaded from the cache)
-
-
-@contextlib.contextmanager
-def _lock(path: str):
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "w") as f:
-        try:
-            import fcntl
-        except ImportError:  # no fcntl (Windows): no lock, a concurrent run would just train twice
-            yield
-            return
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
-def load(name: str | Recipe, rt, *, verbose: bool = True) -> Trained:
-    """The trained model of a recipe on ``rt.device`` (a :class:`~halluc_lab.device.Runtime`):
-    loaded from the cache, or trained now (its parent first) and cached."""
+def load(name: str | Recipe, rt, *, verbose: bool = False) -> Trained:
+    """The trained model of a recipe on ``rt.device`` (a :class:`~halluc_lab.device.Runtime`): loaded
+    from the cache, or trained now (its parent first) and cached. ``verbose``: one line per recipe."""
     recipe = name if isinstance(name, Recipe) else get(name, rt.scale)
     return load_recipe(recipe, rt.device, rt.dtype, verbose=verbose)
-
-
-def load_recipe(recipe: Recipe, device: torch.device | str, dtype: torch.dtype = torch.float32, *,
-                verbose: bool = True) -> Trained:
-    """:func:`load` with an explicit device and autocast dtype (bfloat16 on CUDA, else float32)."""
-    device = torch.device(device)
-    path = directory(recipe, dtype)
-    if not _complete(path, recipe, dtype):
-        with _lock(path + ".lock"):
-            if not _complete(path, recipe, dtype):  # another process may have finished it meanwhile
-                _train(recipe, path, device, dtype, verbose)
-                return _read(path, recipe, device, trained_now=True)
-    out = _read(path, recipe, device, trained_now=False)
-    if verbose:
-        print(f"{recipe.name} ({recipe.scale}): loaded from {path}")
-    return out
-
-
-def _complete(path: str, recipe: Recipe, dtype: torch.dtype) -> bool:
-    if not os.path.exists(os.path.join(path, "DONE")):
-        return False
-    with open(os.path.join(path, "recipe.json")) as f:
-        saved = json.load(f)
-    now = json.loads(json.dumps(_identity(recipe, dtype), sort_keys=True, default=str))
-    if saved != now:
-        raise ValueError(f"{path} holds a checkpoint of a different recipe (same key, other config): "
-                         "delete the directory or bump recipes.FORMAT_VERSION")
-    return True
-
-
-def _train(recipe: Recipe, path: str, device: torch.device, dtype: torch.dtype, verbose: bool) -> None:
-    task = make_task(recipe.task)
-    tok = task.tokenizer()
-    if recipe.parent is not None:
-        model = load_recipe(recipe.parent, device, dtype, verbose=verbose).model
-        if model.config != recipe.model:
-            raise ValueError(f"{recipe.name}: its model config differs from its parent's ({recipe.parent.name})")
-    else:
-        model = Transformer(recipe.model, seed=recipe.seed).to(device)
-    rows = training_rows(recipe).to(device)
-    prepare = None
-    if recipe.scheduled_sampling > 0:
-        def prepare(m, batch, step):
-            g = torch.Generator(device=batch.input_ids.device).manual_seed(recipe.seed * 1_000_003 + step)
-            return scheduled_sampling(m, batch, recipe.scheduled_sampling * step / recipe.train.steps, g)
-    if verbose:
-        where = "resuming" if latest_checkpoint(os.path.join(path, "checkpoints")) else "training"
-        print(f"{recipe.name} ({recipe.scale}): {where} on {device.type}, {recipe.train.steps} steps "
-              f"of {recipe.batch_size}×{recipe.seq_len} tokens")
-    start = time.perf_counter()
-    hist = train(model, batches(rows, recipe.batch_size, recipe.seed), recipe.train,
-                 checkpoint_dir=os.path.join(path, "checkpoints"), resume=True, prepare=prepare,
-                 autocast_dtype=dtype, desc=recipe.name)
-    seconds = time.perf_counter() - start
-    model.save_pretrained(os.path.join(path, "model"), bos_token_id=tok.bos_id, eos_token_id=tok.eos_id,
-                          pad_token_id=tok.pad_id)
-    tok.save(os.path.join(path, "model"))
-    with open(os.path.join(path, "history.json"), "w") as f:
-        json.dump(hist.to_dict(), f)
-    with open(os.path.join(path, "meta.json"), "w") as f:
-        json.dump({"seconds": seconds, "device": str(device), "date": datetime.date.today().isoformat()}, f)
-    with open(os.path.join(path, "recipe.json"), "w") as f:
-        json.dump(_identity(recipe, dtype), f, sort_keys=True, default=str, indent=1)
-    shutil.rmtree(os.path.join(path, "checkpoints"), ignore_errors=True)
-    open(os.path.join(path, "DONE"), "w").close()
-    if verbose:
-        print(f"{recipe.name} ({recipe.scale}): trained in {seconds:.1f} s, final loss {hist.loss[-1]:.3f}")
-
-
-def _read(path: str, recipe: Recipe, device: torch.device, trained_now: bool) -> Trained:
-    model = Transformer.from_pretrained(os.path.join(path, "model"))
-    if model.config != recipe.model:
-        raise ValueError(f"{path}: the saved model's config differs from the recipe's")
-    with open(os.path.join(path, "history.json")) as f:
-        hist = History.from_dict(json.load(f))
-    with open(os.path.join(path, "meta.json")) as f:
-        seconds = json.load(f)["seconds"]
-    task = make_task(recipe.task)
-    tok = Tokenizer.load(os.path.join(path, "model"))
-    if tok != task.tokenizer():
-        raise ValueError(f"{path}: the saved tokenizer differs from the task's vocabulary")
-    return Trained(recipe, model.to(device).eval(), tok, task, hist, path, seconds, trained_now)

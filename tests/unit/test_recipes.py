@@ -1,34 +1,47 @@
-"""Recipes: names, cache keys, train-once-then-load, and Hugging Face compatibility of the checkpoints."""
+"""Recipes: the registry, stages, cache keys derived from the code, checksummed entries, resuming, HF compatibility."""
 
 import dataclasses
+import hashlib
 import json
 import os
+import re
+import shutil
+import warnings
 
 import pytest
 import torch
 
-from halluc_lab import recipes
-from halluc_lab.model import ModelConfig
+from halluc_lab import recipe_cache, recipes
+from halluc_lab import train as halluc_train
 from halluc_lab.data import IGNORE
+from halluc_lab.model import ModelConfig
 from halluc_lab.sft import BackspaceConfig
 from halluc_lab.tasks import ArithmeticConfig, make_task
-from halluc_lab.train import TrainConfig
+from halluc_lab.train import NextTokenLoss, TrainConfig
 
 CPU = torch.device("cpu")
 
 
-def tiny(stage="pretrain", **kw):
-    """A recipe small enough to train in a second."""
+def tiny(steps=30, **train):
+    """A pre-training recipe small enough to train in a second."""
     task = ArithmeticConfig(max_digits=2, n_pretrain_documents=200, equations_per_document=3)
     model = ModelConfig(vocab_size=make_task(task).tokenizer().vocab_size, hidden_size=32, n_layers=1,
                         n_heads=2, max_positions=64)
-    pre = recipes.Recipe("arithmetic-pretrain", "smoke", task, model,
-                         TrainConfig(steps=30, lr=1e-2, warmup_steps=3, log_every=10), batch_size=8, seq_len=48)
-    if stage == "pretrain":
-        return dataclasses.replace(pre, **kw)
-    return recipes.Recipe(f"arithmetic-{stage}", "smoke", task, model,
-                          TrainConfig(steps=20, lr=3e-3, warmup_steps=2, log_every=10), batch_size=8, seq_len=48,
-                          parent=pre, n_examples=200, seed=1, **kw)
+    return recipes.Recipe("arithmetic-pretrain", "smoke", task, model,
+                          TrainConfig(steps=steps, lr=1e-2, warmup_steps=3, log_every=10, **train), batch_size=8,
+                          seq_len=48, stage=recipes.Pretraining())
+
+
+def tiny_sft(name="sft-clean", steps=20, train=None, **stage):
+    """An SFT recipe on top of :func:`tiny`."""
+    pre = tiny()
+    return recipes.Recipe(f"arithmetic-{name}", "smoke", pre.task, pre.model,
+                          TrainConfig(steps=steps, lr=3e-3, warmup_steps=2, log_every=10, **(train or {})),
+                          batch_size=8, seq_len=48, stage=recipes.SFT(n_examples=200, **stage), parent=pre, seed=1)
+
+
+def same_weights(a, b) -> bool:
+    return all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values(), strict=True))
 
 
 @pytest.fixture
@@ -37,17 +50,26 @@ def cache(tmp_path, monkeypatch):
     return tmp_path
 
 
+@pytest.fixture
+def fresh_registry():
+    recipes.get.cache_clear()
+    yield
+    recipes.get.cache_clear()
+
+
+# -- the registry ------------------------------------------------------------------------------------
 def test_every_name_exists_at_smoke_scale_and_sft_starts_from_its_pretraining():
     for name in recipes.NAMES:
         r = recipes.get(name, "smoke")
         assert r.name == name and r.scale == "smoke"
-        if r.stage != "pretrain":
-            # path_star's backspace SFT alone continues from clean SFT (recipes._sft_parent says why)
+        assert isinstance(r.stage, recipes.Pretraining) == name.endswith("-pretrain") == (r.parent is None)
+        if r.parent is not None:
+            # path_star's backspace SFT alone continues from clean SFT (recipes.TASK_PLANS says why)
             parent = "path_star-sft-clean" if name == "path_star-sft-backspace" else name.split("-")[0] + "-pretrain"
             assert r.parent == recipes.get(parent, "smoke") and r.model == r.parent.model
             assert r.pretraining == recipes.get(name.split("-")[0] + "-pretrain", "smoke")  # the replay corpus
-    assert recipes.get("kb_walk-sft-backspace", "smoke").backspace is not None
-    assert recipes.get("kb_walk-sft-scheduled", "smoke").scheduled_sampling > 0
+    assert recipes.get("kb_walk-sft-backspace", "smoke").stage.backspace == BackspaceConfig(rate=0.1)
+    assert recipes.get("kb_walk-sft-scheduled", "smoke").stage.scheduled_sampling == 0.25
 
 
 @pytest.mark.parametrize("task", recipes.TASKS)
@@ -65,15 +87,148 @@ def test_unknown_names_and_scales_raise(bad):
         recipes.get("kb_walk-pretrain", "huge")
 
 
+def hyper_parameters(r: recipes.Recipe) -> dict:
+    """A recipe's hyper-parameters in the flat form they had before stages were dataclasses (the key, the
+    code fingerprint and the checkpoint interval left out)."""
+    stage = {"n_examples": 0, "completion_only": True, "replay_fraction": 0.0, "backspace": None,
+             "scheduled_sampling": 0.0, **dataclasses.asdict(r.stage)}
+    train = {k: v for k, v in dataclasses.asdict(r.train).items() if k not in ("checkpoint_every", "keep_checkpoints")}
+    return {"name": r.name, "scale": r.scale, "task_type": type(r.task).__name__, "task": dataclasses.asdict(r.task),
+            "model": dataclasses.asdict(r.model), "train": train, "batch_size": r.batch_size, "seq_len": r.seq_len,
+            "parent": None if r.parent is None else r.parent.name, **stage, "seed": r.seed}
+
+
+# Computed before the registry became tables: every hyper-parameter of every recipe is what it was.
+# Optimizer steps are pinned in the open, for a readable failure; pre-training is one pass over the corpus.
+PINNED_STEPS = {
+    "smoke": {"kb_walk": (168, 250, 250, 250), "arithmetic": (124, 300, 300, 300), "path_star": (187, 300, 300, 300)},
+    "full": {"kb_walk": (495, 400, 400, 400), "arithmetic": (375, 400, 400, 400), "path_star": (500, 2000, 500, 2000)},
+}
+PINNED_DIGEST = {"smoke": "bf6b23c152736311", "full": "701beedb408585c2"}
+# Packing a full-scale corpus takes about twenty seconds: its rows of 128 tokens, counted before the
+# change, stand in for it (one pass is still rows // batch_size).
+FULL_CORPUS_ROWS = {"kb_walk-pretrain": 63_395, "arithmetic-pretrain": 48_084, "path_star-pretrain": 64_000}
+
+
+@pytest.mark.parametrize("scale", recipes.SCALES)
+def test_the_registry_keeps_every_hyper_parameter_at_both_scales(scale, fresh_registry, monkeypatch):
+    if scale == "full":
+        monkeypatch.setattr(recipes, "_one_pass", lambda r: FULL_CORPUS_ROWS[r.name] // r.batch_size)
+    got = {name: recipes.get(name, scale) for name in recipes.NAMES}
+    assert {t: tuple(got[f"{t}-{s}"].train.steps for s in recipes.STAGES) for t in recipes.TASKS} == PINNED_STEPS[scale]
+    blob = json.dumps({name: hyper_parameters(r) for name, r in got.items()}, sort_keys=True)
+    assert hashlib.sha256(blob.encode()).hexdigest()[:16] == PINNED_DIGEST[scale]
+    for r in got.values():  # a killed run loses at most a quarter of its steps, and at most 200
+        assert 1 <= r.train.checkpoint_every <= min(200, r.train.steps // 4)
+
+
+def rows_digest(t: torch.Tensor) -> str:
+    return hashlib.sha256(t.contiguous().numpy().tobytes() + str(tuple(t.shape)).encode()).hexdigest()[:16]
+
+
+# Computed before stages were dataclasses: the stages assemble exactly the rows the recipes trained on.
+@pytest.mark.parametrize("name, ids, labels", [
+    ("arithmetic-pretrain", "e4e8831b0a7c6ffd", "654a38580fddc61c"),
+    ("arithmetic-sft-clean", "377959e62323a3a3", "fa43ce94450c5b58"),
+    ("arithmetic-sft-backspace", "e8170accbdad0a78", "541e96d009760119"),
+    ("kb_walk-sft-clean", "5bc6cf3fd48cbbef", "67de8af6fc5618a2"),  # with pre-training replay
+])
+def test_stages_build_the_same_rows_as_before(name, ids, labels):
+    rows = recipes.training_rows(recipes.get(name, "smoke"))
+    assert (rows_digest(rows.input_ids), rows_digest(rows.labels)) == (ids, labels)
+
+
+def test_sft_rows_mask_the_prompt_and_backspace_rows_hold_backspaces():
+    clean = recipes.training_rows(tiny_sft())
+    tok = make_task(tiny().task).tokenizer()
+    eq = tok.token_id("=")
+    for ids, labels in zip(clean.input_ids.tolist(), clean.labels.tolist()):
+        for t, tid in enumerate(ids):
+            if tid in (tok.bos_id, tok.token_id("+")):
+                assert labels[t] == IGNORE
+            if tid == eq:
+                assert labels[t] == IGNORE and labels[t + 1] != IGNORE
+    bk = recipes.training_rows(tiny_sft("sft-backspace", backspace=BackspaceConfig(rate=0.5)))
+    assert (bk.input_ids == tok.bksp_id).sum() > 50
+    assert (bk.labels == tok.bksp_id).sum() == (bk.input_ids == tok.bksp_id).sum()
+
+
+def test_only_scheduled_sampling_prepares_batches():
+    assert tiny_sft().stage.prepare(tiny_sft()) is None and recipes.Pretraining().prepare(tiny()) is None
+    r = tiny_sft("sft-scheduled", scheduled_sampling=0.25)
+    assert r.stage.prepare(r) == recipes.ScheduledSampling(0.25, r.train.steps, r.seed)
+
+
+def test_a_recipe_rejects_a_bad_stage_a_bad_size_and_a_parent_of_another_shape():
+    with pytest.raises(TypeError, match="stage"):
+        dataclasses.replace(tiny(), stage="pretrain")
+    with pytest.raises(ValueError, match="batch_size"):
+        dataclasses.replace(tiny(), batch_size=0)
+    with pytest.raises(ValueError, match="parent"):
+        dataclasses.replace(tiny_sft(), model=dataclasses.replace(tiny().model, hidden_size=64))
+    for bad in ({"n_examples": 0}, {"replay_fraction": -1.0}, {"scheduled_sampling": 1.5}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            recipes.SFT(**{"n_examples": 10, **bad})
+
+
+def test_with_seed_moves_the_whole_chain_and_every_seed_has_its_own_key():
+    r = recipes.get("path_star-sft-backspace", "smoke")  # backspace <- clean SFT <- pre-training
+    assert recipes.with_seed(r, 0) == r
+    s = recipes.with_seed(r, 3)
+    assert (s.seed, s.parent.seed, s.pretraining.seed) == (4, 4, 3)
+    assert s.name == r.name and dataclasses.replace(s, seed=r.seed, parent=r.parent) == r
+    keys = {recipes.key(x) for x in (r, s, dataclasses.replace(r, seed=7))}
+    assert len(keys) == 3
+    assert recipes.directory(s) != recipes.directory(r)
+
+
+# -- the key -------------------------------------------------------------------------------------------
 def test_key_changes_with_the_config_the_parent_the_version_and_the_dtype(monkeypatch):
-    r = tiny("sft-clean")
+    r = tiny_sft()
     k = recipes.key(r)
-    assert recipes.key(tiny("sft-clean")) == k
-    assert recipes.key(dataclasses.replace(r, n_examples=201)) != k
+    assert recipes.key(tiny_sft()) == k
+    assert recipes.key(dataclasses.replace(r, stage=dataclasses.replace(r.stage, n_examples=201))) != k
     assert recipes.key(dataclasses.replace(r, parent=dataclasses.replace(r.parent, seed=5))) != k
     assert recipes.key(dataclasses.replace(r, task=dataclasses.replace(r.task, reverse_output=True))) != k
     assert recipes.key(r, torch.bfloat16) != k
-    monkeypatch.setattr(recipes, "FORMAT_VERSION", recipes.FORMAT_VERSION + 1)
+    monkeypatch.setattr(recipe_cache, "FORMAT_VERSION", recipe_cache.FORMAT_VERSION + 1)
+    assert recipes.key(r) != k
+
+
+def test_code_modules_are_what_the_recipe_imports_and_nothing_else():
+    used = recipes.code_modules(recipes.get("kb_walk-sft-clean", "smoke"))
+    for m in ("losses", "data", "model", "attention", "positional", "tokenizer", "sft", "train", "recipes",
+              "recipe_cache", "hf_convert", "tasks.kb_walk", "tasks.base"):
+        assert f"halluc_lab.{m}" in used
+    for m in ("interactive", "claims", "evaluate", "engine", "notebook", "ngram", "rnn", "stats"):
+        assert f"halluc_lab.{m}" not in used
+    assert "halluc_lab" not in used  # "from halluc_lab import x" uses x, not the package's __init__
+
+
+def test_imports_inside_functions_count_and_from_package_import_module_names_the_module():
+    source = ("from halluc_lab import engine\nimport torch\n"
+              "def f():\n    import halluc_lab.claims\n    from halluc_lab.tasks import make_task\n")
+    _, found = recipe_cache._parse("halluc_lab.losses", source)
+    assert found == {"halluc_lab.engine", "halluc_lab.claims", "halluc_lab.tasks"}
+
+
+def test_the_code_fingerprint_follows_code_the_recipe_uses_not_prose_or_other_modules(monkeypatch):
+    r = tiny_sft()
+    real = recipe_cache._read_source
+
+    def edited(target, edit):
+        return lambda m: edit(real(m)) if m == target else real(m)
+
+    base = recipes.code_fingerprint(r)
+    code = edited("halluc_lab.losses", lambda s: s + "\nREDUCTIONS = REDUCTIONS[:2]\n")
+    assert recipes.code_fingerprint(r, code) != base
+    prose = edited("halluc_lab.losses", lambda s: s.replace('"""Losses as', '"""Reworded: losses as', 1)
+                   .replace("# the ignore_index", "# reworded: the ignore_index", 1))
+    assert prose("halluc_lab.losses") != real("halluc_lab.losses")
+    assert recipes.code_fingerprint(r, prose) == base
+    assert recipes.code_fingerprint(r, edited("halluc_lab.interactive", lambda s: s + "\nX = 1\n")) == base
+    k = recipes.key(r)
+    monkeypatch.setattr(recipe_cache, "_read_source", code)
     assert recipes.key(r) != k
 
 
@@ -85,35 +240,163 @@ def test_cache_root_follows_the_environment(monkeypatch, tmp_path):
     assert recipes.cache_root() == str(tmp_path / "x" / "halluc_lab")
 
 
+# -- train once, load after ---------------------------------------------------------------------------
 def test_a_recipe_trains_on_first_use_and_loads_afterwards(cache):
-    first = recipes.load_recipe(tiny("sft-clean"), CPU, verbose=False)
-    assert first.trained_now and os.path.exists(os.path.join(first.path, "DONE"))
-    assert os.path.exists(recipes.directory(tiny()))  # the parent was trained and cached too
+    first = recipes.load_recipe(tiny_sft(), CPU)
+    assert first.trained_now and os.path.exists(recipes.directory(tiny()))  # the parent was trained and cached too
     assert not os.path.exists(os.path.join(first.path, "checkpoints"))
-    again = recipes.load_recipe(tiny("sft-clean"), CPU, verbose=False)
+    with open(os.path.join(first.path, "DONE")) as f:  # the manifest: a checksum for every file
+        assert sorted(json.load(f)["sha256"]) == recipe_cache._files(first.path)
+    again = recipes.load_recipe(tiny_sft(), CPU)
     assert not again.trained_now and again.history.loss == first.history.loss
-    for a, b in zip(again.model.parameters(), first.model.parameters()):
-        assert torch.equal(a, b)
+    assert same_weights(again.model, first.model)
     assert first.history.loss[-1] < first.history.loss[0]
+    assert {(tiny().name, recipes.key(tiny())), (tiny_sft().name, recipes.key(tiny_sft()))} <= set(recipes.used())
 
 
-def test_a_recipe_directory_holding_another_config_raises(cache):
-    done = recipes.load_recipe(tiny(), CPU, verbose=False)
+def test_load_is_quiet_by_default_and_verbose_says_one_line_per_recipe_without_paths(cache, capsys):
+    recipes.load_recipe(tiny_sft(), CPU)
+    assert capsys.readouterr() == ("", "")
+    recipes.load_recipe(tiny_sft(steps=21), CPU, verbose=True)  # loads the parent, trains the SFT recipe
+    again = recipes.load_recipe(tiny_sft(steps=21), CPU, verbose=True)
+    out = capsys.readouterr().out.splitlines()
+    assert [line.split(": ")[0] for line in out] == ["arithmetic-pretrain (smoke)", "arithmetic-sft-clean (smoke)",
+                                                      "arithmetic-sft-clean (smoke)"]
+    assert "loaded" in out[0] and "trained" in out[1] and "loaded" in out[2]
+    assert again.path.startswith(str(cache)) and not any(str(cache) in line for line in out)
+
+
+def test_an_intact_entry_of_another_recipe_under_the_key_raises(cache):
+    done = recipes.load_recipe(tiny(steps=8), CPU)
     with open(os.path.join(done.path, "recipe.json")) as f:
         saved = json.load(f)
     saved["recipe"]["batch_size"] = 999
     with open(os.path.join(done.path, "recipe.json"), "w") as f:
         json.dump(saved, f)
+    with open(os.path.join(done.path, "DONE")) as f:
+        manifest = json.load(f)
+    manifest["sha256"]["recipe.json"] = recipe_cache._sha256(os.path.join(done.path, "recipe.json"))
+    with open(os.path.join(done.path, "DONE"), "w") as f:  # intact: a real entry of that other recipe
+        json.dump(manifest, f)
     with pytest.raises(ValueError, match="different recipe"):
-        recipes.load_recipe(tiny(), CPU, verbose=False)
+        recipes.load_recipe(tiny(steps=8), CPU)
 
 
+def test_a_stage_defined_outside_the_library_trains_through_the_same_loop_and_cache(cache):
+    @dataclasses.dataclass(frozen=True)
+    class SmoothedPretraining(recipes.Pretraining):
+        label_smoothing: float = 0.1  # ε of 004 §3.7
+
+        def loss(self, recipe):
+            return NextTokenLoss(self.label_smoothing)
+
+    r = dataclasses.replace(tiny(steps=8), stage=SmoothedPretraining())
+    assert recipes.key(r) != recipes.key(tiny(steps=8))
+    assert recipes.load_recipe(r, CPU).trained_now
+
+
+# -- corrupt entries are reported and trained again ----------------------------------------------------
+def _truncate(path):
+    with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) // 2)
+
+
+CORRUPTIONS = {
+    "truncated weight file": lambda p: _truncate(p / "model" / "model.safetensors"),
+    "garbled history.json": lambda p: (p / "history.json").write_text("{not json"),
+    "garbled recipe.json": lambda p: (p / "recipe.json").write_text('{"format": '),
+    "empty DONE": lambda p: (p / "DONE").write_text(""),
+    "missing meta.json": lambda p: (p / "meta.json").unlink(),
+    "missing DONE, half-written model": lambda p: ((p / "DONE").unlink(), _truncate(p / "model" / "model.safetensors")),
+    "stale extra weight file": lambda p: (p / "model" / "model-00001-of-00002.safetensors").write_bytes(b"stale"),
+}
+
+
+@pytest.fixture(scope="module")
+def trained_entry(tmp_path_factory):
+    """A cache holding one trained tiny recipe, to copy and break."""
+    root = tmp_path_factory.mktemp("cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HALLUC_CACHE", str(root))
+        trained = recipes.load_recipe(tiny(steps=8), CPU)
+    return root, os.path.relpath(trained.path, root), trained.model
+
+
+@pytest.mark.parametrize("fault", CORRUPTIONS)
+def test_a_corrupt_cache_entry_is_reported_with_its_path_and_trained_again(fault, trained_entry, cache):
+    root, rel, model = trained_entry
+    shutil.copytree(root, cache, dirs_exist_ok=True)
+    path = cache / rel
+    CORRUPTIONS[fault](path)
+    with pytest.warns(recipes.CacheWarning, match=re.escape(str(path))):
+        again = recipes.load_recipe(tiny(steps=8), CPU)
+    assert again.trained_now and same_weights(again.model, model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", recipes.CacheWarning)
+        assert not recipes.load_recipe(tiny(steps=8), CPU).trained_now  # now intact
+
+
+# -- a killed run resumes -------------------------------------------------------------------------------
+class Killed(Exception):
+    pass
+
+
+def _train_spy(monkeypatch, name, kill_at=None):
+    """Patch the loop the cache calls: record the first batch ``name`` asks for; raise at batch ``kill_at``."""
+    real, first = halluc_train.train, []
+
+    def spy(model, data, cfg, **kw):
+        def watched(i):
+            if kw["desc"] == name:
+                first[:] = first or [i]
+                if i == kill_at:
+                    raise Killed(f"killed at step {i + 1}")
+            return data(i)
+        return real(model, watched, cfg, **kw)
+
+    monkeypatch.setattr(recipe_cache, "train", spy)
+    return first
+
+
+@pytest.mark.parametrize("make", [
+    lambda: tiny(steps=20, checkpoint_every=5),
+    lambda: tiny_sft("sft-scheduled", train={"checkpoint_every": 5}, scheduled_sampling=0.5),  # prepare seeded by step
+], ids=["pretraining", "scheduled-sampling-sft"])
+def test_a_killed_run_resumes_from_its_last_checkpoint_and_ends_bit_identical(make, cache, monkeypatch):
+    r = make()
+    whole = recipes.load_recipe(dataclasses.replace(r, name=r.name + "-uninterrupted"), CPU)
+    _train_spy(monkeypatch, r.name, kill_at=12)  # dies in step 13: checkpoints at steps 5 and 10
+    with pytest.raises(Killed):
+        recipes.load_recipe(r, CPU)
+    assert sorted(os.listdir(recipes.directory(r))) == ["checkpoints"]
+    first = _train_spy(monkeypatch, r.name)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", recipes.CacheWarning)  # an interrupted run is no fault
+        resumed = recipes.load_recipe(r, CPU)
+    assert first == [10] and resumed.trained_now  # step 11 was the first it ran
+    assert same_weights(resumed.model, whole.model) and resumed.history.loss == whole.history.loss
+
+
+def test_a_corrupt_checkpoint_is_reported_and_training_starts_over(cache, monkeypatch):
+    r = tiny(steps=20, checkpoint_every=5)
+    whole = recipes.load_recipe(dataclasses.replace(r, name="arithmetic-uninterrupted"), CPU)
+    _train_spy(monkeypatch, r.name, kill_at=12)
+    with pytest.raises(Killed):
+        recipes.load_recipe(r, CPU)
+    _truncate(os.path.join(recipes.directory(r), "checkpoints", "step-000010", "model.safetensors"))
+    first = _train_spy(monkeypatch, r.name)
+    with pytest.warns(recipes.CacheWarning, match="step-000010.*training from step 0"):
+        again = recipes.load_recipe(r, CPU)
+    assert first == [0] and same_weights(again.model, whole.model)
+
+
+# -- Hugging Face --------------------------------------------------------------------------------------
 def test_checkpoint_loads_with_auto_classes_and_hf_generate_matches_the_engine(cache):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from halluc_lab.engine import generate
 
-    trained = recipes.load_recipe(tiny(), CPU, verbose=False)
+    trained = recipes.load_recipe(tiny(), CPU)
     hf = AutoModelForCausalLM.from_pretrained(os.path.join(trained.path, "model")).eval()
     hf_tok = AutoTokenizer.from_pretrained(os.path.join(trained.path, "model"))
     prompts = [e.prompt for e in trained.task.examples("heldout", 6, seed=0)]
@@ -126,21 +409,6 @@ def test_checkpoint_loads_with_auto_classes_and_hf_generate_matches_the_engine(c
         assert out[0, ids.shape[1]:].tolist() == mine
 
 
-def test_sft_rows_mask_the_prompt_and_backspace_rows_hold_backspaces():
-    clean = recipes.training_rows(tiny("sft-clean"))
-    tok = make_task(tiny().task).tokenizer()
-    eq = tok.token_id("=")
-    for ids, labels in zip(clean.input_ids.tolist(), clean.labels.tolist()):
-        for t, tid in enumerate(ids):
-            if tid in (tok.bos_id, tok.token_id("+")):
-                assert labels[t] == IGNORE
-            if tid == eq:
-                assert labels[t] == IGNORE and labels[t + 1] != IGNORE
-    bk = recipes.training_rows(tiny("sft-backspace", backspace=BackspaceConfig(rate=0.5)))
-    assert (bk.input_ids == tok.bksp_id).sum() > 50
-    assert (bk.labels == tok.bksp_id).sum() == (bk.input_ids == tok.bksp_id).sum()
-
-
 @pytest.mark.gpu
 def test_a_recipe_trains_on_cuda_under_bf16_autocast_and_generates_like_hugging_face(cache):
     from transformers import AutoModelForCausalLM
@@ -148,8 +416,7 @@ def test_a_recipe_trains_on_cuda_under_bf16_autocast_and_generates_like_hugging_
     from halluc_lab.engine import generate
 
     cuda = torch.device("cuda")
-    trained = recipes.load_recipe(tiny("sft-backspace", backspace=BackspaceConfig(rate=0.2)), cuda, torch.bfloat16,
-                                  verbose=False)
+    trained = recipes.load_recipe(tiny_sft("sft-backspace", backspace=BackspaceConfig(rate=0.2)), cuda, torch.bfloat16)
     assert next(trained.model.parameters()).is_cuda
     assert trained.history.loss[-1] < trained.history.loss[0]
     assert recipes.directory(trained.recipe, torch.bfloat16) != recipes.directory(trained.recipe)
@@ -163,14 +430,11 @@ def test_a_recipe_trains_on_cuda_under_bf16_autocast_and_generates_like_hugging_
         assert out[0, len(p):].tolist() == mine
 
 
-def test_code_fingerprint_ignores_prose_but_not_code(monkeypatch, tmp_path):
+def test_strip_docstrings_keeps_code_and_drops_prose():
     import ast
 
     src = 'def f(x):\n    """Docstring."""\n    # a comment\n    return x + 1\n'
     prose = 'def f(x):\n    """Other words."""\n\n    return x + 1  # another comment\n'
     code = 'def f(x):\n    """Docstring."""\n    return x + 2\n'
-    dump = lambda s: ast.dump(recipes._strip_docstrings(ast.parse(s)))
+    dump = lambda s: ast.dump(recipe_cache._strip_docstrings(ast.parse(s)))
     assert dump(src) == dump(prose) != dump(code)
-    k = recipes.key(tiny())
-    monkeypatch.setattr(recipes, "code_fingerprint", lambda: "something else")
-    assert recipes.key(tiny()) != k
