@@ -150,9 +150,10 @@ class CapturedStep(EagerStep):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.graph: torch.cuda.CUDAGraph | None = None
-        for g in self.opt.param_groups:  # a resumed optimizer may have read a float back from its state
-            if not isinstance(g["lr"], torch.Tensor):
-                g["lr"] = torch.tensor(float(g["lr"]), device=self.params[0].device)
+        device = self.params[0].device
+        for g in self.opt.param_groups:  # a resumed optimizer reads its rate back as a float or a CPU tensor
+            if not (isinstance(g["lr"], torch.Tensor) and g["lr"].device == device):
+                g["lr"] = torch.tensor(float(g["lr"]), device=device)
 
     def _capture(self, batch: Batch) -> None:
         fields = (batch.input_ids, batch.labels, batch.position_ids, batch.segment_ids)
@@ -178,6 +179,8 @@ class CapturedStep(EagerStep):
             self.out = self.body(self.static)
 
     def __call__(self, batch: Batch, lr: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        for g in self.opt.param_groups:
+            g["lr"].fill_(lr)
         if self.graph is None:
             self._capture(batch)
         fields = (batch.input_ids, batch.labels, batch.position_ids, batch.segment_ids)
@@ -189,7 +192,5 @@ class CapturedStep(EagerStep):
                                  f"{tuple(new.shape) if new is not None else None}); train with cuda_graph=False")
             if new is not None:
                 old.copy_(new, non_blocking=True)
-        for g in self.opt.param_groups:
-            g["lr"].fill_(lr)
         self.graph.replay()
         return tuple(t.clone() for t in self.out)

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from halluc_lab import sampling
+from halluc_lab import decoding, sampling
 from halluc_lab.engine import Engine, SamplingParams, engine_for, generate
 from halluc_lab.hf_convert import to_hf
 from halluc_lab.model import ModelConfig, Transformer
@@ -149,7 +149,7 @@ def test_generate_with_ragged_prompts_matches_each_row_alone():
     model, ps = tiny(), prompts(3)
     res = generate(model, ps, 8, greedy=True)
     for p, row in zip(ps, res.token_lists()):
-        alone = sampling.decode(lambda t: model(t)[:, -1], torch.tensor(p), 8)
+        alone = decoding.decode(lambda t: model(t)[:, -1], torch.tensor(p), 8)
         assert row == alone[len(p):].tolist()
 
 
