@@ -1,8 +1,10 @@
-"""Notebook plumbing shared by every chapter: the run footer and glued values (DESIGN.md §3).
+"""Notebook plumbing shared by every chapter: the run footer and glued values (ARCHITECTURE.md §3, §6).
 
 The last cell of every chapter calls :func:`footer`. It shows the run's device,
 scale, seed, library version and date, and glues them (``run_device``, ...) so
-that ``scripts/reproduce.py`` can copy them into the notebook's metadata.
+that ``scripts/reproduce.py`` can copy them into the notebook's metadata. It also lists
+the recipe cache keys of every trained model the chapter loaded, so two chapters that say
+they use the same models can be seen to (``run_recipes``).
 """
 
 from __future__ import annotations
@@ -44,13 +46,20 @@ def footer(rt: Runtime):
     from IPython.display import Markdown
     from myst_nb import glue
 
+    from halluc_lab.recipe_cache import used
+
     meta = run_metadata(rt)
     for key, value in meta.items():
         glue(f"run_{key}", value, display=False)
-    return Markdown(
-        f"<small>Run on **{meta['device']}** at scale **{meta['scale']}**, seed {meta['seed']}, "
-        f"halluc_lab {meta['version']}, torch {meta['torch']}, {meta['date']}.</small>"
-    )
+    recipes = used()
+    glue("run_recipes", ", ".join(f"{name}:{k}" for name, k in recipes), display=False)
+    text = (f"<small>Run on **{meta['device']}** at scale **{meta['scale']}**, seed {meta['seed']}, "
+            f"halluc_lab {meta['version']}, torch {meta['torch']}, {meta['date']}.</small>")
+    if recipes:
+        items = "".join(f"<li><code>{name}</code> <code>{k}</code></li>" for name, k in recipes)
+        text += (f"\n\n<details><summary><small>{len(recipes)} trained models (recipe and cache key)"
+                 f"</small></summary><ul>{items}</ul></details>")
+    return Markdown(text)
 
 
 def read_glue(nb) -> dict:

@@ -29,8 +29,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import multiprocessing
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -47,7 +48,7 @@ from halluc_lab.train import TrainConfig
 
 __all__ = ["Recipe", "with_seed", "Stage", "Pretraining", "SFT", "ScheduledSampling", "get", "NAMES", "TASKS",
            "STAGES", "SCALES", "training_rows", "load", "load_recipe", "Trained", "CacheWarning", "key",
-           "directory", "cache_root", "code_modules", "code_fingerprint", "used"]
+           "directory", "cache_root", "code_modules", "code_fingerprint", "used", "prefetch"]
 
 
 # -- stages ------------------------------------------------------------------------------------------
@@ -262,3 +263,41 @@ def load(name: str | Recipe, rt, *, verbose: bool = False) -> Trained:
     from the cache, or trained now (its parent first) and cached. ``verbose``: one line per recipe."""
     recipe = name if isinstance(name, Recipe) else get(name, rt.scale)
     return load_recipe(recipe, rt.device, rt.dtype, verbose=verbose)
+
+
+# -- several chains at once ----------------------------------------------------------------------------
+def _train_chains(chains: list[list[Recipe]], device: str, dtype: torch.dtype) -> None:
+    """Worker: load (train if needed) each chain's recipes in order, deterministic kernels on."""
+    from halluc_lab.device import set_deterministic
+
+    set_deterministic(True)
+    for chain in chains:
+        for recipe in chain:
+            load_recipe(recipe, device, dtype)
+
+
+def prefetch(recipes: Sequence[Recipe], device: torch.device | str, dtype: torch.dtype = torch.float32, *,
+             processes: int | None = None) -> None:
+    """Make sure every recipe is trained and cached, training independent chains at once.
+
+    Recipes that share a pre-training root (one seed's chain) train one after another in one process,
+    parents first; chains of different roots (other seeds, other tasks) train in parallel processes.
+    A training step of the lab's models is launch-bound on a GPU, so several processes keep it busy
+    where one cannot (the speed-up is on the results page). ``processes``: how many at once (default:
+    one per chain on CUDA, 1 elsewhere, where the work runs in this process). Afterwards
+    :func:`load` reads every recipe from the cache.
+    """
+    device = torch.device(device)
+    chains: dict[Recipe, list[Recipe]] = {}
+    for r in recipes:
+        chains.setdefault(r.pretraining, []).append(r)
+    groups = list(chains.values())
+    n = processes if processes is not None else (len(groups) if device.type == "cuda" else 1)
+    if not isinstance(n, int) or n < 1:
+        raise ValueError(f"processes must be an int >= 1, got {processes!r}")
+    if n == 1:
+        _train_chains(groups, str(device), dtype)
+        return
+    ctx = multiprocessing.get_context("spawn")  # CUDA cannot be used in a forked child
+    with ctx.Pool(min(n, len(groups))) as pool:
+        pool.starmap(_train_chains, [(groups[i::n], str(device), dtype) for i in range(min(n, len(groups)))])

@@ -438,3 +438,20 @@ def test_strip_docstrings_keeps_code_and_drops_prose():
     code = 'def f(x):\n    """Docstring."""\n    return x + 2\n'
     dump = lambda s: ast.dump(recipe_cache._strip_docstrings(ast.parse(s)))
     assert dump(src) == dump(prose) != dump(code)
+
+
+# -- several chains at once ----------------------------------------------------------------------------
+def test_prefetch_trains_chains_in_parallel_processes_as_load_would(cache):
+    sft = tiny_sft()
+    chains = [recipes.with_seed(sft, s) for s in (0, 1)]
+    recipes.prefetch(chains, "cpu", processes=2)
+    trained = [recipes.load_recipe(r, "cpu") for r in chains]
+    assert not any(t.trained_now for t in trained)  # both came from the cache the workers filled
+    assert not same_weights(trained[0].model, trained[1].model)  # two seeds, two models
+    alone = recipes.load_recipe(chains[1], "cpu")
+    assert same_weights(alone.model, trained[1].model)
+
+
+def test_prefetch_rejects_a_bad_process_count(cache):
+    with pytest.raises(ValueError, match="processes"):
+        recipes.prefetch([tiny_sft()], "cpu", processes=0)
