@@ -1,4 +1,4 @@
-# Thin targets (DESIGN.md §1). `make book` and `make test` do all the set-up themselves:
+# Thin targets (ARCHITECTURE.md §1). `make book` and `make test` do all the set-up themselves:
 # a local virtual environment, the CPU build of torch on a machine without an NVIDIA GPU,
 # the requirements, the package (editable) and, for the book tests, Debian's Chromium.
 

@@ -1,7 +1,7 @@
 """Shared pieces of the benchmark scripts: model sizes, the command line, timing, tables, JSON.
 
 Every benchmark builds the same weights for the lab and its peer, times both in one run, and
-prints the lab's figure, the peer's figure and their ratio (DESIGN.md §5). Timings are never
+prints the lab's figure, the peer's figure and their ratio (ARCHITECTURE.md §5). Timings are never
 asserted in tests; they are recorded in book/results/engine.md with the device and the date.
 """
 

@@ -1,4 +1,4 @@
-"""Halluc Lab: the library behind the executable book (DESIGN.md).
+"""Halluc Lab: the library behind the executable book (ARCHITECTURE.md).
 
 One module per concept; notebooks import what they need, e.g.
 ``from halluc_lab import sampling``. The names below are what every chapter uses.

@@ -1,7 +1,7 @@
 """Check the claim: recompute a document's worked example and show it beside the stated value.
 
 Every chapter recomputes each worked example and numeric claim of the documents it
-covers (DESIGN.md §2). A :class:`ClaimTable` collects them and renders a small table
+covers (ARCHITECTURE.md §6). A :class:`ClaimTable` collects them and renders a small table
 (quantity | document | computed | agrees); disagreements are then recorded on the
 errata page. The cells that build these tables are compared with the committed
 outputs by nbval, so the rendering is deterministic: numbers are printed with a

@@ -325,7 +325,7 @@ class Engine:
     def rollback(self, rows: Sequence[int] | None, n: int | Sequence[int]) -> None:
         """Take back the last ``n`` generated tokens of each row in ``rows`` (None = every row in use).
 
-        What a backspace token does when it physically erases (DESIGN §4): the row's cache and outputs
+        What a backspace token does when it physically erases (ARCHITECTURE.md §8): the row's cache and outputs
         shrink, its pending token becomes the one now last, and a finished row is reopened. Raises
         ValueError, changing nothing, for a bad row or an ``n`` larger than the tokens the row generated
         (a rollback never reaches into the prompt).

@@ -1,6 +1,6 @@
 """Argument checks of the generation engine (:mod:`halluc_lab.engine`, chapter 6 of the book).
 
-Bad input gets a clear error naming the argument and the allowed range (DESIGN §8 item 11), before
+Bad input gets a clear error naming the argument and the allowed range (ARCHITECTURE.md §10), before
 the engine changes anything: a raw ``IndexError`` from an embedding, or a token silently clamped, is
 what these checks prevent. They live apart from the engine so that it reads as generation only.
 

@@ -1,6 +1,6 @@
 """Hugging Face interchange: the lab's model as ``LlamaForCausalLM`` and back (chapter 6).
 
-Hugging Face serves as reference and peer (DESIGN.md §4): the same weights give the same
+Hugging Face serves as reference and peer (ARCHITECTURE.md §8): the same weights give the same
 logits and the same greedy tokens on both sides (tests/unit/test_model.py), and
 :func:`save_pretrained` writes a checkpoint that ``AutoModelForCausalLM.from_pretrained`` loads;
 :func:`load_pretrained` reads it (or one HF wrote) back. The lab fuses ``W_Q, W_K, W_V`` into

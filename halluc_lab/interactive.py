@@ -1,6 +1,6 @@
 """Sliders that work with and without a kernel: precomputed grids drawn by a little JavaScript.
 
-The rendered book is static: no Python runs behind its pages (DESIGN.md §7). So an
+The rendered book is static: no Python runs behind its pages (ARCHITECTURE.md §9). So an
 interactive figure here is a grid of precomputed frames, one per combination of the
 slider values, packed as JSON into a self-contained HTML output together with a small
 script that draws the selected frame as SVG. The same output works live in JupyterLab

@@ -2,7 +2,7 @@
 
 :mod:`halluc_lab.recipes` names each model of the book (its registry and its stages); this module
 holds what the cache needs to know of a recipe — :class:`Recipe` and the :class:`Stage` interface
-the training goes through — and trains a recipe once and loads it afterwards (DESIGN.md §3), so
+the training goes through — and trains a recipe once and loads it afterwards (ARCHITECTURE.md §3), so
 any notebook runs alone, in any order.
 
 **A stage** is a frozen dataclass that owns how its data are assembled and what its training

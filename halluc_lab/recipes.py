@@ -1,7 +1,7 @@
 """Named training recipes: every model of the book, its stages, trained on first use and cached.
 
 Chapters 7–8 define and train them; every later chapter gets its models only from here
-(DESIGN.md §3). A recipe (:class:`Recipe`) is a frozen config: the task's world, the model's
+(ARCHITECTURE.md §3). A recipe (:class:`Recipe`) is a frozen config: the task's world, the model's
 shape, the optimisation, the stage and the recipe whose weights it starts from::
 
     import halluc_lab as hl

@@ -5,7 +5,7 @@
     python scripts/reproduce.py --adopt /tmp/runs    # copy full-scale runs over notebooks/
 
 Runs never write over the committed notebooks; only ``--adopt`` does, and only with
-runs whose metadata says they were made at scale=full (DESIGN.md §3).
+runs whose metadata says they were made at scale=full (ARCHITECTURE.md §3).
 """
 
 from __future__ import annotations

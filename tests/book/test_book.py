@@ -1,5 +1,5 @@
 """The rendered book: builds without warnings in our files, reads offline, typesets math,
-loads every image, and its sliders change what is shown (DESIGN.md §6–7)."""
+loads every image, and its sliders change what is shown (ARCHITECTURE.md §7, §9)."""
 
 import re
 

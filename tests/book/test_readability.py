@@ -1,6 +1,6 @@
 """Every page of the book reads as a reader expects: tables and math that notebook code printed
 are rendered, wide tables and equations scroll in their own box, and figures are shown large
-enough to read (DESIGN.md §7). The checks live in ``readability.py``; ``test_readability_checks.py``
+enough to read (ARCHITECTURE.md §9). The checks live in ``readability.py``; ``test_readability_checks.py``
 shows that each of them fails on a page made to break it.
 
 Pages are opened at Playwright's default desktop viewport, 1280 × 720 CSS pixels.

@@ -2,7 +2,7 @@
 
 Each notebook has a test module beside this file that sets ``NOTEBOOK = "NN_topic"`` and
 asserts on the ``glue`` fixture: the values the notebook recorded with ``myst_nb.glue``.
-The expectations live in those test modules, never in the notebooks (DESIGN.md §6).
+The expectations live in those test modules, never in the notebooks (ARCHITECTURE.md §6).
 Every notebook runs once per session, however many tests read it.
 """
 

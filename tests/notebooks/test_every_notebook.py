@@ -1,4 +1,4 @@
-"""What every chapter notebook in the book must satisfy (DESIGN.md §2, §3 and §6)."""
+"""What every chapter notebook in the book must satisfy (ARCHITECTURE.md §3 and §6)."""
 
 import re
 from pathlib import Path
