@@ -117,3 +117,8 @@ class ClaimTable:
         summary = f"{len(self.claims) - self.n_disagreements} of {len(self.claims)} agree"
         return (f'<table class="claim-table"><caption>{esc(self.title)} — {summary}</caption>'
                 f"<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>")
+
+
+def resid(x) -> float:
+    """A residual rounded to 1e-12, so checked outputs read the same on every machine."""
+    return round(float(x), 12)

@@ -1,4 +1,4 @@
-"""Synthetic tasks with programmatic verifiers (DESIGN.md §4; chapters 7–8 and after).
+"""Synthetic tasks with programmatic verifiers (ARCHITECTURE.md §8; chapters 7–8 and after).
 
 One module per task, sharing :mod:`halluc_lab.tasks.base`:
 

@@ -102,6 +102,11 @@ class Arithmetic(Task):
         rng = rng_for(seed, "arithmetic", split, answer_digits)
         return [self.example(*self._draw(rng, split, answer_digits)) for _ in range(n)]
 
+    def examples_by_length(self, split: str, n: int, seed: int) -> dict[int, list[Example]]:
+        """``n`` equations of the split for each length of the sum, ``min_digits`` … ``max_digits + 1``."""
+        return {k: self.examples(split, n, seed, answer_digits=k)
+                for k in range(self.config.min_digits, self.config.max_digits + 2)}
+
     def _parse_prompt(self, prompt: str) -> tuple[int, int]:
         text = prompt.replace(" ", "")
         left, plus, right = text.partition("+")

@@ -1,6 +1,6 @@
 """What every synthetic task shares: examples, claims, splits and completion parsing.
 
-Chapters 7–8 (and every later chapter through the recipes). DESIGN.md §4: the lab trains
+Chapters 7–8 (and every later chapter through the recipes). ARCHITECTURE.md §8: the lab trains
 its own models on synthetic tasks whose answers a program can check. Each task offers
 
 * seeded generators of prompt/completion :class:`Example` s with disjoint ``"train"`` and
@@ -133,11 +133,17 @@ def check_lengths(prompts: Sequence, completions: Sequence) -> None:
 
 def exact_reward(gold: list[str], said: list[str], *, correct_reward: float, abstain_reward: float,
                  wrong_reward: float) -> float:
-    """The reward of one cleaned completion against the gold one."""
+    """The reward of one cleaned completion against the gold one.
+
+    An abstention counts as one only if everything said before ``<abstain>`` agrees with the gold answer:
+    an answer that states a wrong fact and then abstains has hallucinated that fact.
+    """
     if said == gold:
         return correct_reward
     if ABSTAIN in said:
-        return abstain_reward
+        stop = said.index(ABSTAIN)
+        if said[:stop] == gold[:stop]:
+            return abstain_reward
     return wrong_reward
 
 

@@ -101,6 +101,10 @@ class PathStar(Task):
         rng = rng_for(seed, "path_star", split)
         return [self._draw(rng, split) for _ in range(n)]
 
+    def examples_by_length(self, split: str, n: int, seed: int) -> dict[int, list[Example]]:
+        """Every path has ``path_length`` nodes: one group of ``n`` examples."""
+        return {self.config.path_length: self.examples(split, n, seed)}
+
     def _draw(self, rng: random.Random, split: str) -> Example:
         for _ in range(_MAX_TRIES):
             ex, key = self._example(*self._graph(rng), rng)

@@ -84,6 +84,15 @@ def test_reward_keywords_set_the_abstain_and_wrong_values():
     assert out == [1.0, 0.25, -1.0]
 
 
+def test_an_abstention_after_a_wrong_step_is_a_hallucination():
+    task = TASKS[0]
+    e = next(e for e in task.examples("train", 50, seed=0) if "<abstain>" not in e.completion)
+    start, rel, *_ = e.completion.split()
+    wrong = next(s for s in task.symbols() if s not in e.completion.split() and s != "<abstain>")
+    said = [f"{start} <abstain>", f"{start} {rel} {wrong} <abstain>", "<abstain>"]
+    assert task.reward([e.prompt] * 3, said, abstain_reward=0.25, wrong_reward=-1.0) == [0.25, -1.0, 0.25]
+
+
 def test_make_task_dispatches_on_the_config_type():
     assert isinstance(make_task(ArithmeticConfig()), Arithmetic)
     assert isinstance(make_task(PathStarConfig()), PathStar)
