@@ -184,6 +184,9 @@ STAGE_PLANS = {
     "sft-clean": _sft(),
     "sft-backspace": _sft(backspace=BackspaceConfig(rate=0.1)),  # 000 §7.3
     "sft-scheduled": _sft(scheduled_sampling=0.25),  # 002, "Scheduled Sampling"
+    # The matched-compute control of a backspace recipe that continues from clean SFT: clean SFT continued
+    # for the same extra steps, so "more training" and "backspace demonstrations" can be told apart.
+    "sft-continued": dataclasses.replace(_sft(), parent="sft-clean"),
 }
 STAGES = tuple(STAGE_PLANS)
 _SFT_STAGES = ("sft-clean", "sft-backspace", "sft-scheduled")
@@ -216,14 +219,17 @@ TASK_PLANS = {
     # the same plateau in a 4,000-step CPU run). From clean SFT, which has the look-up, they only add <bksp>.
     ("path_star", "smoke"): TaskPlan(
         PathStarConfig(degree=2, path_length=4, n_nodes=16, n_pretrain_documents=6000),
-        SFT(n_examples=3000), dict.fromkeys(_SFT_STAGES, 300), parents={"sft-backspace": "sft-clean"}),
+        SFT(n_examples=3000), {**dict.fromkeys(_SFT_STAGES, 300), "sft-continued": 300},
+        parents={"sft-backspace": "sft-clean"}),
     ("path_star", "full"): TaskPlan(
         PathStarConfig(degree=2, path_length=5, n_nodes=20, n_pretrain_documents=192_000),
-        SFT(n_examples=250_000), {**dict.fromkeys(_SFT_STAGES, 2000), "sft-backspace": 500},
+        SFT(n_examples=250_000), {**dict.fromkeys(_SFT_STAGES, 2000), "sft-backspace": 500, "sft-continued": 500},
         parents={"sft-backspace": "sft-clean"}),
 }
 TASKS = tuple(dict.fromkeys(task for task, _ in TASK_PLANS))
-_PARTS = {f"{task}-{stage}": (task, stage) for task in TASKS for stage in STAGES}
+# A stage exists for a task when the task's plan gives it steps (pre-training: one pass, always).
+_PARTS = {f"{task}-{stage}": (task, stage) for task in TASKS for stage in STAGES
+          if stage == "pretrain" or stage in TASK_PLANS[task, "full"].steps}
 NAMES = tuple(_PARTS)
 
 

@@ -64,8 +64,9 @@ def test_every_name_exists_at_smoke_scale_and_sft_starts_from_its_pretraining():
         assert r.name == name and r.scale == "smoke"
         assert isinstance(r.stage, recipes.Pretraining) == name.endswith("-pretrain") == (r.parent is None)
         if r.parent is not None:
-            # path_star's backspace SFT alone continues from clean SFT (recipes.TASK_PLANS says why)
-            parent = "path_star-sft-clean" if name == "path_star-sft-backspace" else name.split("-")[0] + "-pretrain"
+            # path_star's backspace SFT and its control continue from clean SFT (recipes.TASK_PLANS says why)
+            parent = ("path_star-sft-clean" if name in ("path_star-sft-backspace", "path_star-sft-continued")
+                      else name.split("-")[0] + "-pretrain")
             assert r.parent == recipes.get(parent, "smoke") and r.model == r.parent.model
             assert r.pretraining == recipes.get(name.split("-")[0] + "-pretrain", "smoke")  # the replay corpus
     assert recipes.get("kb_walk-sft-backspace", "smoke").stage.backspace == BackspaceConfig(rate=0.1)
@@ -114,12 +115,23 @@ FULL_CORPUS_ROWS = {"kb_walk-pretrain": 63_395, "arithmetic-pretrain": 48_084, "
 def test_the_registry_keeps_every_hyper_parameter_at_both_scales(scale, fresh_registry, monkeypatch):
     if scale == "full":
         monkeypatch.setattr(recipes, "_one_pass", lambda r: FULL_CORPUS_ROWS[r.name] // r.batch_size)
-    got = {name: recipes.get(name, scale) for name in recipes.NAMES}
-    assert {t: tuple(got[f"{t}-{s}"].train.steps for s in recipes.STAGES) for t in recipes.TASKS} == PINNED_STEPS[scale]
+    # The recipes that existed when the digest was pinned; later additions are pinned by their own tests.
+    pinned = [f"{t}-{s}" for t in recipes.TASKS for s in ("pretrain", "sft-clean", "sft-backspace", "sft-scheduled")]
+    got = {name: recipes.get(name, scale) for name in pinned}
+    assert {t: tuple(got[f"{t}-{s}"].train.steps for s in ("pretrain", "sft-clean", "sft-backspace", "sft-scheduled"))
+            for t in recipes.TASKS} == PINNED_STEPS[scale]
     blob = json.dumps({name: hyper_parameters(r) for name, r in got.items()}, sort_keys=True)
     assert hashlib.sha256(blob.encode()).hexdigest()[:16] == PINNED_DIGEST[scale]
-    for r in got.values():  # a killed run loses at most a quarter of its steps, and at most 200
+    for r in (recipes.get(name, scale) for name in recipes.NAMES):  # a killed run loses at most a quarter, and ≤ 200
         assert 1 <= r.train.checkpoint_every <= min(200, r.train.steps // 4)
+
+
+@pytest.mark.parametrize("scale", recipes.SCALES)
+def test_the_matched_compute_control_continues_clean_sft_as_long_as_backspace_sft_does(scale):
+    control, backspace = recipes.get("path_star-sft-continued", scale), recipes.get("path_star-sft-backspace", scale)
+    assert control.parent == backspace.parent == recipes.get("path_star-sft-clean", scale)
+    assert control.train == backspace.train and control.stage == backspace.parent.stage
+    assert "kb_walk-sft-continued" not in recipes.NAMES  # its backspace SFT trains no extra steps
 
 
 def rows_digest(t: torch.Tensor) -> str:
