@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 TORCH_VERSION ?= 2.13.0
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup book test lab reproduce bench browser clean
+.PHONY: setup book test lab reproduce bench sweep browser clean
 
 setup: $(STAMP)
 
@@ -47,6 +47,11 @@ reproduce: setup
 
 bench: setup
 	$(PY) benchmarks/run_all.py
+
+# Re-run one chapter over a grid of its parameters, e.g.
+#   make sweep NB=notebooks/08_sft.ipynb ARGS="-p seed 0 1 2 --scale smoke"
+sweep: setup
+	$(PY) scripts/sweep.py $(NB) $(ARGS)
 
 clean:
 	rm -rf _build

@@ -60,7 +60,8 @@ from halluc_lab.data import Batch, batches
 from halluc_lab.model import ModelConfig, Transformer
 from halluc_lab.tasks import Task, TaskConfig, make_task
 from halluc_lab.tokenizer import Tokenizer
-from halluc_lab.train import CheckpointError, History, Loss, NextTokenLoss, TrainConfig, latest_checkpoint, train
+from halluc_lab.train import (CheckpointError, History, Loss, NextTokenLoss, TrainConfig, file_sha256, latest_checkpoint,
+                              train)
 
 FORMAT_VERSION = 2  # bump for a change the code fingerprint cannot see (2: entries carry checksums)
 SCALES = ("smoke", "full")
@@ -310,14 +311,6 @@ def _files(path: str) -> list[str]:
     return sorted(out)
 
 
-def _sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _json(path: str):
     with open(path, encoding="utf-8") as f:
         return json.load(f)
@@ -336,7 +329,7 @@ def _fault(path: str, recipe: Recipe, dtype: torch.dtype) -> str | None:
     files = _files(path)
     if files != sorted(recorded) or "recipe.json" not in recorded:
         return f"its files {files} are not those {DONE} records ({sorted(recorded)})"
-    bad = [f for f in files if _sha256(os.path.join(path, f)) != recorded[f]]
+    bad = [f for f in files if file_sha256(os.path.join(path, f)) != recorded[f]]
     if bad:
         return f"{bad} differ from the SHA-256 recorded when written (corrupt or truncated)"
     expected = json.loads(json.dumps(_identity(recipe, dtype), sort_keys=True, default=str))  # as written
@@ -393,7 +386,7 @@ def _train(recipe: Recipe, path: str, device: torch.device, dtype: torch.dtype, 
                        ("recipe.json", _identity(recipe, dtype))):
         with open(os.path.join(path, name), "w", encoding="utf-8") as f:
             json.dump(data, f, sort_keys=True, default=str, indent=1)
-    manifest = {"sha256": {name: _sha256(os.path.join(path, name)) for name in _files(path)}}
+    manifest = {"sha256": {name: file_sha256(os.path.join(path, name)) for name in _files(path)}}
     with open(os.path.join(path, DONE + ".tmp"), "w", encoding="utf-8") as f:
         json.dump(manifest, f, indent=1)
     os.replace(os.path.join(path, DONE + ".tmp"), os.path.join(path, DONE))  # the entry is complete

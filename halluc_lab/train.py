@@ -223,7 +223,8 @@ def _flush(pending: list, history: History, clock: float) -> float:
 
 
 # -- checkpoints ---------------------------------------------------------------------------------
-def _sha256(path: str) -> str:
+def file_sha256(path: str) -> str:
+    """The SHA-256 of a file's bytes, read in 1 MiB chunks."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -252,7 +253,7 @@ def save_checkpoint(checkpoint_dir: str | os.PathLike, step: int, model: nn.Modu
     save_model(model, os.path.join(tmp, WEIGHTS_FILE))
     torch.save({"step": step, "optimizer": opt.state_dict(), "history": history.to_dict(),
                 "config": dataclasses.asdict(cfg), "model": model_fingerprint(model),
-                "sha256": {WEIGHTS_FILE: _sha256(os.path.join(tmp, WEIGHTS_FILE))}}, os.path.join(tmp, STATE_FILE))
+                "sha256": {WEIGHTS_FILE: file_sha256(os.path.join(tmp, WEIGHTS_FILE))}}, os.path.join(tmp, STATE_FILE))
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
     kept = sorted(d for d in os.listdir(checkpoint_dir) if d.startswith("step-") and not d.endswith(".tmp"))
@@ -292,7 +293,7 @@ def load_checkpoint(path: str | os.PathLike, model: nn.Module, opt: torch.optim.
     for f, digest in state["sha256"].items():
         if not os.path.exists(os.path.join(path, f)):
             raise CheckpointError(f"{path}/{f} is missing")
-        if _sha256(os.path.join(path, f)) != digest:
+        if file_sha256(os.path.join(path, f)) != digest:
             raise CheckpointError(f"{path}/{f} is corrupted: its SHA-256 differs from the one recorded at save time")
     if state["model"] != model_fingerprint(model):
         raise CheckpointError(f"{path} holds a different model (class, config or parameter shapes differ)")
