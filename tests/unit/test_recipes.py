@@ -17,7 +17,7 @@ from halluc_lab.data import IGNORE
 from halluc_lab.model import ModelConfig
 from halluc_lab.sft import BackspaceConfig
 from halluc_lab.tasks import ArithmeticConfig, make_task
-from halluc_lab.train import NextTokenLoss, TrainConfig
+from halluc_lab.train import NextTokenLoss, TrainConfig, file_sha256
 
 CPU = torch.device("cpu")
 
@@ -287,7 +287,7 @@ def test_an_intact_entry_of_another_recipe_under_the_key_raises(cache):
         json.dump(saved, f)
     with open(os.path.join(done.path, "DONE")) as f:
         manifest = json.load(f)
-    manifest["sha256"]["recipe.json"] = recipe_cache._sha256(os.path.join(done.path, "recipe.json"))
+    manifest["sha256"]["recipe.json"] = file_sha256(os.path.join(done.path, "recipe.json"))
     with open(os.path.join(done.path, "DONE"), "w") as f:  # intact: a real entry of that other recipe
         json.dump(manifest, f)
     with pytest.raises(ValueError, match="different recipe"):
