@@ -37,3 +37,45 @@ def test_arithmetic_model_predicts_heldout_answer_digits_above_chance(glue):
 
 def test_recorded_learning_rates_follow_the_schedule(glue):
     assert glue["pretraining_lr_matches_schedule"] is True
+
+
+def test_hand_rmsnorm_and_swiglu_match_the_models_modules(glue):
+    assert glue["pretraining_rms_torch_residual"] < 1e-10  # the formula against F.rms_norm, float64
+    assert glue["pretraining_swiglu_residual"] < 1e-10  # W_down(SiLU(W_gate x) ⊙ W_up x) against model.MLP
+    # model.RMSNorm normalises in float32 whatever the input dtype (as HF's LlamaRMSNorm): float32 rounding
+    assert glue["pretraining_rms_module_residual"] < 1e-6
+
+
+def test_every_task_has_a_positive_entropy_floor(glue):
+    for task in ("kb_walk", "arithmetic", "path_star"):
+        assert 0 < glue[f"pretraining_{task}_entropy_floor"] < 3  # nats per token; log V would be the ceiling
+
+
+def test_floor_formulas_agree_with_the_task_generators(glue):
+    assert glue["pretraining_floor_checks_pass"] is True  # incl. path_star's document count on tiny graphs
+    for task in ("kb_walk", "arithmetic"):
+        mc, se = glue[f"pretraining_{task}_floor_mc"], glue[f"pretraining_{task}_floor_mc_se"]
+        assert 0 < se < 0.01
+        assert abs(mc - glue[f"pretraining_{task}_entropy_floor"]) <= 4 * se
+    assert glue["pretraining_path_star_floor_mc"] == pytest.approx(glue["pretraining_path_star_entropy_floor"])
+
+
+def test_no_model_beats_its_entropy_floor_on_fresh_documents(glue):
+    for task in ("kb_walk", "arithmetic"):
+        floor, loss = glue[f"pretraining_{task}_entropy_floor"], glue[f"pretraining_{task}_fresh_loss"]
+        assert loss >= floor - 0.01  # Proposition 2, up to the sampling noise of the fresh documents
+        assert glue[f"pretraining_{task}_floor_gap"] >= -0.01
+        assert abs(glue[f"pretraining_{task}_floor_gap"] - (loss - floor)) < 0.02  # the paired gap is loss − floor
+        assert glue[f"pretraining_{task}_floor_gap_low"] <= glue[f"pretraining_{task}_floor_gap"]
+
+
+def test_the_gap_to_the_floor_is_small_for_kb_walk_and_resolved_for_arithmetic(glue):
+    assert glue["pretraining_kb_walk_floor_gap"] < 0.3  # it has memorised the common facts
+    assert glue["pretraining_arithmetic_floor_gap_low"] > 0  # a 2 × 64 model after one pass does not add exactly
+
+
+def test_fine_tuning_recipes_start_from_the_models_trained_here(glue):
+    rooted = glue["pretraining_rooted_recipes"]
+    for task in ("kb_walk", "arithmetic"):
+        assert f"{task}-sft-clean" in rooted
+    assert "kb_walk-pretrain:" in glue["run_recipes"] and "arithmetic-pretrain:" in glue["run_recipes"]
