@@ -1,28 +1,23 @@
-"""Evaluating a model: free running against teacher forcing, forced errors, and answers scored
-with an abstain option.
+"""Evaluating a model: free running against teacher forcing and forced errors, on fixed sets of
+distinct held-out prompts.
 
 Chapters 7–8 measure their models with it, and every later chapter that compares models
 (9–11) does too. Sources: 000 §7.1 (exposure bias: teacher forcing against free running),
-§7.2 (compounding errors; :func:`mistakes` counts Ross & Bagnell's cost), §7.3 (backtracking:
-:func:`forced_error`, :func:`erasures`); 002 ("Training vs. Generation"). Answer scoring is
-ARCHITECTURE.md §8: each answer is correct, wrong or abstained; the penalised score C − λW with
-λ = t/(1 − t) rewards answering only when P(correct) > t (Kalai et al. 2025, "Why language models
-hallucinate").
+§7.3 (backtracking: :func:`forced_error`); 002 ("Training vs. Generation"). Judging the answers
+— correct / wrong / abstained and the penalised score C − λW, Ross & Bagnell's mistakes (§7.2),
+what ``<bksp>`` took back (§7.3) — is :mod:`halluc_lab.scoring`, which needs no model; its names
+are re-exported here, so a chapter imports one module.
 
-What a task means by "right" is always the task's own verifier: :meth:`Task.reward` (exact match
-with :meth:`Task.gold` after ``<bksp>`` erasures), :meth:`Task.claims` and
-:meth:`Task.abstention_warranted`. Nothing here branches on which task it is (:func:`fact_recall`
-probes a knowledge base and takes a :class:`~halluc_lab.tasks.kb_walk.KBWalk`).
+What a task means by "right" is always the task's own verifier (:meth:`Task.reward`,
+:meth:`Task.claims`). Nothing here branches on which task it is (:func:`fact_recall` probes a
+knowledge base and takes a :class:`~halluc_lab.tasks.kb_walk.KBWalk`).
 
 Departures and choices:
 
-- An answer counts as abstained when it says ``<abstain>``, is not the gold answer, and everything
-  it said before ``<abstain>`` agrees with the gold answer (:meth:`Task.reward` scores it so). An
-  answer that states a wrong step and then abstains has hallucinated that step: it is wrong. Where
-  the gold answer itself abstains (a knowledge-base chain through a fact-less pair), saying exactly
-  it is correct; abstaining earlier on such a chain is an abstention.
-- The hallucination rate is the share of wrong answers among *all* answers (ARCHITECTURE.md §8), not
-  among those that did not abstain.
+- Evaluation sets hold distinct prompts (:func:`distinct_examples`). A task's generator draws with
+  replacement, and where the space of problems is small (1-hop chains, single-digit sums) a draw of
+  1,000 repeats a few problems many times, so they weigh far more than their number in a pooled score.
+  Where a space holds fewer than ``n`` problems the set is all of those found, and smaller.
 - :func:`forced_error` forces the error through the engine (the tokens before it are forced too, all
   marked as not sampled), so the model continues from a cache exactly as in free running.
 """
@@ -30,9 +25,10 @@ Departures and choices:
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -40,12 +36,13 @@ import torch
 from halluc_lab.data import IGNORE, Encoded, encode_example, pad
 from halluc_lab.engine import SamplingParams, engine_for, generate
 from halluc_lab.losses import causal_lm_loss
-from halluc_lab.tasks.base import ABSTAINED, SUPPORTED, Example, Task
+from halluc_lab.scoring import (ABSTAINED, CORRECT, OUTCOMES, WRONG, AnswerScores, BackspaceUse,  # noqa: F401
+                                backspace_use, erasures, lam_for_target, mistakes, mistakes_after_first,
+                                score_answers)
+from halluc_lab.tasks.base import Example, Task, check_count
 from halluc_lab.tasks.kb_walk import KBWalk
-from halluc_lab.tokenizer import BKSP, EOS, Tokenizer
+from halluc_lab.tokenizer import Tokenizer
 
-CORRECT, WRONG = "correct", "wrong"  # answer outcomes, with ABSTAINED ("abstained") of the claim statuses
-OUTCOMES = (CORRECT, WRONG, ABSTAINED)
 CHUNK = 512  # rows per forward pass or engine batch
 
 
@@ -74,6 +71,58 @@ def answer_budget(examples: Sequence[Example]) -> int:
     ``w <bksp>`` detour before every symbol and the ``<eos>``."""
     _check_examples(examples)
     return 2 * max(len(e.completion.split()) for e in examples) + 4
+
+
+# -- evaluation sets: distinct held-out prompts ------------------------------------------------------
+def _round_seed(seed: int, r: int) -> int:
+    """The seed of draw round ``r``: ``seed`` itself first, then seeds derived from (seed, r)."""
+    return seed if r == 0 else int.from_bytes(hashlib.sha256(f"distinct:{seed}:{r}".encode()).digest()[:4], "big")
+
+
+def _distinct(draw: Callable[[int], dict], n: int, seed: int, max_rounds: int) -> dict:
+    """Per group, the first ``n`` examples with distinct prompts over rounds of ``draw(round_seed)``.
+
+    A group stops when it holds ``n``, or when a round after the first adds no new prompt to it (its
+    space is exhausted, or nearly); all stop after ``max_rounds`` rounds."""
+    check_count("n", n, 1)
+    check_count("seed", seed)
+    check_count("max_rounds", max_rounds, 1)
+    found: dict = {}  # group -> {prompt: example}, in the order first drawn
+    done: set = set()
+    for r in range(max_rounds):
+        for group, exs in draw(_round_seed(seed, r)).items():
+            if group in done:
+                continue
+            have = found.setdefault(group, {})
+            before = len(have)
+            for e in exs:
+                if len(have) == n:
+                    break
+                have.setdefault(e.prompt, e)
+            if len(have) == n or (r > 0 and len(have) == before):
+                done.add(group)
+        if done >= set(found):
+            break
+    return {group: list(have.values()) for group, have in found.items()}
+
+
+def distinct_examples(task: Task, split: str, n: int, seed: int, *, max_rounds: int = 10, **kw) -> list[Example]:
+    """Up to ``n`` examples of ``split`` with distinct prompts, in the order first drawn: rounds of
+    ``task.examples(split, n, round_seed, **kw)`` (round 0 with ``seed`` itself), deduplicated,
+    until ``n`` are found or a round adds none (fewer than ``n`` exist, or nearly none are left).
+
+    >>> from halluc_lab.tasks import Arithmetic
+    >>> len(distinct_examples(Arithmetic(), "heldout", 1000, seed=0, answer_digits=1))  # all there are
+    8
+    """
+    return _distinct(lambda s: {None: task.examples(split, n, s, **kw)}, n, seed, max_rounds)[None]
+
+
+def distinct_examples_by_length(task: Task, split: str, n: int, seed: int, *,
+                                max_rounds: int = 10) -> dict[int, list[Example]]:
+    """:func:`distinct_examples` for each answer length of :meth:`Task.examples_by_length`: up to ``n``
+    distinct prompts per length, shortest first, drawn in rounds of ``examples_by_length``."""
+    return _distinct(lambda s: task.examples_by_length(split, n, s), n, seed, max_rounds)
 
 
 # -- free running (000 §7.1) -----------------------------------------------------------------------
@@ -192,108 +241,7 @@ def next_token_probs(model: torch.nn.Module, tok: Tokenizer, prompts: Sequence[s
     return torch.cat(out)
 
 
-# -- answers scored with an abstain option (ARCHITECTURE.md §8) -----------------------------------------
-def lam_for_target(t: float) -> float:
-    """The penalty λ = t / (1 − t) for a wrong answer that makes answering pay only when
-    P(correct) > t: p − λ(1 − p) > 0 exactly when p > t.
-
-    >>> lam_for_target(0.5), lam_for_target(0.75)
-    (1.0, 3.0)
-    """
-    if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0.0 <= t < 1.0:
-        raise ValueError(f"t must be a confidence target in [0, 1), got {t!r}")
-    return t / (1.0 - t)
-
-
-def _check_lam(lam: float) -> None:
-    if isinstance(lam, bool) or not isinstance(lam, (int, float)) or not (math.isfinite(lam) and lam >= 0):
-        raise ValueError(f"lam must be a finite number >= 0 (the penalty of a wrong answer), got {lam!r}")
-
-
-@dataclass(frozen=True)
-class AnswerScores:
-    """The outcome of each answer — :data:`CORRECT`, :data:`WRONG` or :data:`ABSTAINED` — in prompt
-    order, so two models scored on the same prompts can be paired answer by answer."""
-
-    prompts: tuple[str, ...]  # the prompts, in order
-    outcomes: tuple[str, ...]  # one outcome per prompt
-
-    def __post_init__(self):
-        if len(self.prompts) != len(self.outcomes) or not self.outcomes:
-            raise ValueError(f"prompts and outcomes must be non-empty and of one length, got "
-                             f"{len(self.prompts)} and {len(self.outcomes)}")
-        if bad := set(self.outcomes) - set(OUTCOMES):
-            raise ValueError(f"outcomes must be in {OUTCOMES}, got {sorted(bad)}")
-
-    @property
-    def n(self) -> int:
-        return len(self.outcomes)
-
-    def count(self, outcome: str) -> int:
-        """How many answers have this outcome."""
-        if outcome not in OUTCOMES:
-            raise ValueError(f"outcome must be one of {OUTCOMES}, got {outcome!r}")
-        return self.outcomes.count(outcome)
-
-    correct_rate = property(lambda self: self.count(CORRECT) / self.n, doc="Share of correct answers.")
-    wrong_rate = property(lambda self: self.count(WRONG) / self.n, doc="Share of wrong answers.")
-    abstain_rate = property(lambda self: self.count(ABSTAINED) / self.n, doc="Share of abstentions.")
-    hallucination_rate = property(lambda self: self.wrong_rate,
-                                  doc="Share of wrong answers among all answers (ARCHITECTURE.md §8).")
-
-    def rewards(self, lam: float) -> tuple[float, ...]:
-        """Per answer: +1 correct, 0 abstained, −λ wrong (the RL reward of the same scoring)."""
-        _check_lam(lam)
-        value = {CORRECT: 1.0, ABSTAINED: 0.0, WRONG: -float(lam)}
-        return tuple(value[o] for o in self.outcomes)
-
-    def penalised_score(self, lam: float) -> float:
-        """(C − λW) / n: the mean of :meth:`rewards`."""
-        _check_lam(lam)
-        return self.correct_rate - lam * self.wrong_rate
-
-
-def score_answers(task: Task, prompts: Sequence[str], completions: Sequence[str]) -> AnswerScores:
-    """Score each completion with the task's verifier: correct when it says exactly the gold answer
-    (after ``<bksp>`` erasures; a gold answer that abstains included), abstained when it says
-    ``<abstain>`` after nothing but a start of the gold answer, else wrong.
-
-    >>> from halluc_lab.tasks import Arithmetic
-    >>> s = score_answers(Arithmetic(), ["1 + 1 ="] * 3, ["2", "3", "<abstain>"])
-    >>> s.outcomes, s.penalised_score(lam_for_target(0.5))
-    (('correct', 'wrong', 'abstained'), 0.0)
-    """
-    if len(prompts) != len(completions):
-        raise ValueError(f"prompts and completions must have the same length, got {len(prompts)} "
-                         f"and {len(completions)}")
-    if len(prompts) == 0:
-        raise ValueError("prompts must hold at least one prompt")
-    # The task's own reward with three distinct values: RL rewards and these outcomes cannot drift apart.
-    marks = task.reward(prompts, completions, correct_reward=1.0, abstain_reward=0.0, wrong_reward=-1.0)
-    name = {1.0: CORRECT, 0.0: ABSTAINED, -1.0: WRONG}
-    return AnswerScores(tuple(prompts), tuple(name[m] for m in marks))
-
-
-# -- mistakes, forced errors and erasures (000 §7.2–7.3) -----------------------------------------------
-def mistakes(task: Task, prompts: Sequence[str], completions: Sequence[str]) -> list[int]:
-    """Ross & Bagnell's cost of each answer (000 §7.2): the steps where it does what the expert would
-    not do *in the state the answer itself reached*, plus the gold steps it never wrote.
-
-    A step is one of the task's claims; it costs 1 unless the world supports it, or it abstains where
-    the task says abstaining is warranted there (:meth:`Task.abstention_warranted`).
-    """
-    if len(prompts) != len(completions):
-        raise ValueError(f"prompts and completions must have the same length, got {len(prompts)} "
-                         f"and {len(completions)}")
-    out = []
-    for p, c in zip(prompts, completions):
-        said = task.claims(p, c)
-        bad = sum(not (x.status == SUPPORTED or (x.status == ABSTAINED and task.abstention_warranted(p, c, x)))
-                  for x in said)
-        out.append(bad + max(0, len(task.claims(p, task.gold(p))) - len(said)))
-    return out
-
-
+# -- forced errors (000 §7.3) -------------------------------------------------------------------
 @dataclass(frozen=True)
 class ForcedError:
     """Answers continued greedily after a wrong symbol forced at completion ``position``."""
@@ -349,25 +297,6 @@ def forced_error(model: torch.nn.Module, tok: Tokenizer, task: Task, examples: S
     contexts = [" ".join([e.prompt, *g[:position], w]) for e, g, w in zip(examples, golds, wrong)]
     return ForcedError(position, tuple(examples), tuple(wrong), tuple(contexts), tuple(completions),
                        score_answers(task, [e.prompt for e in examples], completions))
-
-
-def erasures(gold: str, completion: str) -> list[bool]:
-    """For each ``<bksp>`` that erases something: True if it took back a right symbol (the text
-    before the erasure, the erased symbol included, was a prefix of the gold completion).
-
-    >>> erasures("4 6", "4 7 <bksp> 6 <bksp> 6 <eos>")
-    [False, True]
-    """
-    want, said, out = gold.split(), [], []
-    for w in completion.split():
-        if w == EOS:
-            break
-        if w != BKSP:
-            said.append(w)
-        elif said:
-            out.append(said == want[:len(said)])
-            said.pop()
-    return out
 
 
 # -- what a pre-trained model knows (chapter 7) --------------------------------------------------------

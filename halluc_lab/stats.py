@@ -96,13 +96,13 @@ def _bootstrap(grid: np.ndarray, confidence: float, resamples: int, seed: int) -
     n_seeds, n_prompts = grid.shape
     rng = np.random.default_rng(seed)
     stats = np.empty(resamples)
-    for start in range(0, resamples, 1000):  # chunks keep the weight matrices small
-        r = min(1000, resamples - start)
-        # Resampling with replacement = weights from multinomial counts; the mean is w_seedᵀ · grid · w_prompt.
-        w_prompt = rng.multinomial(n_prompts, np.full(n_prompts, 1 / n_prompts), size=r) / n_prompts  # (r, P)
-        w_seed = (rng.multinomial(n_seeds, np.full(n_seeds, 1 / n_seeds), size=r) / n_seeds
-                  if n_seeds > 1 else np.ones((r, 1)))  # (r, S)
-        stats[start:start + r] = ((w_prompt @ grid.T) * w_seed).sum(1)
+    chunk = max(1, 2_000_000 // (n_seeds * n_prompts))  # resamples at a time, about 16 MB of work
+    for start in range(0, resamples, chunk):
+        r = min(chunk, resamples - start)
+        prompts = rng.integers(0, n_prompts, size=(r, n_prompts))  # (r, P): the same prompts for every seed
+        per_seed = grid[:, prompts].mean(-1).T  # (r, S): each seed's mean over the resampled prompts
+        seeds = rng.integers(0, n_seeds, size=(r, n_seeds)) if n_seeds > 1 else np.zeros((r, 1), dtype=int)
+        stats[start:start + r] = np.take_along_axis(per_seed, seeds, axis=1).mean(1)
     tail = (1 - confidence) / 2
     low, high = np.quantile(stats, [tail, 1 - tail])
     return Interval(float(grid.mean()), float(low), float(high), confidence)

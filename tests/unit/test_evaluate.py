@@ -1,5 +1,6 @@
-"""Evaluation: free running against teacher forcing, answer scoring with abstention, mistakes,
-forced errors, erasures and fact recall."""
+"""Evaluation: distinct evaluation sets, free running against teacher forcing, answer scoring with
+abstention, mistakes, forced errors, what <bksp> took back, and fact recall (halluc_lab.evaluate and
+the answer judging of halluc_lab.scoring it re-exports)."""
 
 import math
 import random
@@ -10,12 +11,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from halluc_lab.data import encode_example, pad
-from halluc_lab.evaluate import (ABSTAINED, CORRECT, WRONG, AnswerScores, TeacherForced, answer_budget, complete,
-                                 erasures, fact_recall, forced_error, free_run, lam_for_target, mean_nll, mistakes,
-                                 next_token_probs, score_answers, teacher_forced)
+from halluc_lab.evaluate import (ABSTAINED, CORRECT, WRONG, AnswerScores, BackspaceUse, TeacherForced, answer_budget,
+                                 backspace_use, complete, distinct_examples, distinct_examples_by_length, erasures,
+                                 fact_recall, forced_error, free_run, lam_for_target, mean_nll, mistakes,
+                                 mistakes_after_first, next_token_probs, score_answers, teacher_forced)
 from halluc_lab.losses import causal_lm_loss
 from halluc_lab.tasks import (SUPPORTED, Arithmetic, ArithmeticConfig, Example, KBWalk, KBWalkConfig, PathStar,
                               PathStarConfig)
+from halluc_lab.tasks.base import split_of
 from tests.unit._tiny_lm import small_transformer
 
 TASK = Arithmetic(ArithmeticConfig(max_digits=3))
@@ -25,6 +28,50 @@ KB = KBWalk(KBWalkConfig(n_entities=12, n_relations=3, p_missing=0.2, common_cou
 
 def _missing_pair(task: KBWalk) -> tuple[str, str]:
     return next((e, r) for e in task.entities for r in task.relations if (e, r) not in task.facts)
+
+
+# -- evaluation sets of distinct prompts ---------------------------------------------------------------------
+def _first_distinct(exs):
+    seen = {}
+    for e in exs:
+        seen.setdefault(e.prompt, e)
+    return list(seen.values())
+
+
+def test_distinct_examples_keep_the_first_draws_in_order_and_add_new_ones():
+    drawn = TASK.examples("heldout", 60, seed=3)
+    got = distinct_examples(TASK, "heldout", 60, seed=3)
+    assert len(got) == 60 and len({e.prompt for e in got}) == 60
+    assert got[:len(_first_distinct(drawn))] == _first_distinct(drawn)
+    assert distinct_examples(TASK, "heldout", 60, seed=3) == got  # deterministic
+
+
+def test_a_small_space_gives_all_its_problems_and_no_more():
+    # Every held-out single-digit sum: operands 0..9 whose sum is below 10, on the held-out side of the hash.
+    every = {TASK.example(a, b).prompt for a in range(10) for b in range(10 - a) if TASK.split(a, b) == "heldout"}
+    got = distinct_examples(TASK, "heldout", 1000, seed=0, answer_digits=1)
+    assert {e.prompt for e in got} == every and len(got) == len(every) < 1000
+    one_hop = {f"{e} {r} =" for e in KB.entities for r in KB.relations
+               if split_of(f"{e} {r}", KB.config.heldout_fraction, salt=KB.config.world_seed) == "heldout"}
+    assert {e.prompt for e in distinct_examples(KB, "heldout", 500, seed=1, hops=1)} == one_hop
+
+
+def test_distinct_examples_by_length_fill_each_length_from_its_own_draws():
+    by_len = distinct_examples_by_length(KB, "heldout", 40, seed=2)
+    assert list(by_len) == list(KB.examples_by_length("heldout", 1, seed=0))
+    for k, exs in by_len.items():
+        assert len({e.prompt for e in exs}) == len(exs) <= 40
+        assert all(len(e.prompt.split()) == k + 2 for e in exs)
+        assert exs[:len(_first_distinct(KB.examples("heldout", 40, seed=2, hops=k)))] == \
+            _first_distinct(KB.examples("heldout", 40, seed=2, hops=k))
+    assert len(by_len[1]) < 40 and len(by_len[3]) == 40  # 12 × 3 one-hop chains, 20% held out; 12 × 27 three-hop
+
+
+def test_bad_evaluation_set_arguments_are_rejected():
+    for kw in (dict(n=0), dict(seed=-1), dict(max_rounds=0), dict(n=True)):
+        args = dict(n=5, seed=0, max_rounds=3) | kw
+        with pytest.raises(ValueError, match=next(iter(kw))):
+            distinct_examples(TASK, "heldout", args["n"], args["seed"], max_rounds=args["max_rounds"])
 
 
 # -- free running against teacher forcing -------------------------------------------------------------
@@ -245,6 +292,59 @@ def test_erasures_say_whether_each_backspace_took_back_a_right_symbol():
     assert erasures("4 6", "4 7 <bksp> 6 <bksp> 6 <eos>") == [False, True]
     assert erasures("4 6", "<bksp> 4 6 <eos> <bksp>") == []  # nothing to erase; nothing after <eos>
     assert erasures("4 6", "5 <bksp> <bksp> 4 6") == [False]  # the second one erases nothing
+
+
+def test_mistakes_after_the_first_drop_the_first_one():
+    prompts = ["4 7 + 5 ="] * 4  # gold: 5 2
+    assert mistakes_after_first(TASK, prompts, ["5 2", "5 1", "4 1", "4 1 7"]) == [0, 0, 1, 2]
+
+
+def test_backspace_accounting_on_hand_made_answers():
+    gold = "4 6"
+    # 7 is wrong and erased; then right to the end: one warranted erasure, the answer ends right.
+    u = backspace_use([gold], ["4 7 <bksp> 6 <eos>"])
+    assert (u.wrong, u.wrong_erased, u.erasures, u.erased_wrong) == (1, 1, 1, 1)
+    assert u.precision == u.recall == 1.0 and u.right_after_erasure_rate == 1.0 and u.erasing_rate == 1.0
+    # A right token erased, then a wrong one and one after it (wrong too: "5 6" does not start "4 6"), kept.
+    u = backspace_use([gold], ["4 <bksp> 5 6 <eos>"])
+    assert (u.wrong, u.wrong_erased, u.erasures, u.erased_wrong, u.right_after_erasure) == (2, 0, 1, 0, 0)
+    assert u.precision == 0.0 and u.recall == 0.0
+    # A token after a wrong one is wrong when written; erasing both takes back two wrong tokens.
+    u = backspace_use([gold], ["5 6 <bksp> <bksp> 4 6 <eos>"])
+    assert (u.wrong, u.wrong_erased, u.erasures, u.erased_wrong, u.right_after_erasure) == (2, 2, 2, 2, 1)
+    # A <bksp> at an empty answer erases nothing; tokens after <eos> are not read.
+    u = backspace_use([gold], ["<bksp> 4 6 <eos> 9 <bksp>"])
+    assert (u.wrong, u.erasures, u.answers_erasing) == (0, 0, 0)
+    assert u.precision is None and u.recall is None  # no erasure, no wrong token: undefined, not 0 or NaN
+    # Pooled over answers: sums of the counts, shares of all answers.
+    u = backspace_use([gold, gold, gold], ["4 7 <bksp> 6 <eos>", "4 <bksp> 5 6 <eos>", "4 6 <eos>"])
+    assert u == BackspaceUse(answers=3, wrong=3, wrong_erased=1, erasures=2, erased_wrong=1, answers_erasing=2,
+                             right_after_erasure=1)
+    assert u.precision == 0.5 and u.recall == pytest.approx(1 / 3)
+    assert u.right_after_erasure_rate == pytest.approx(1 / 3)
+    assert erasures(gold, "4 <bksp> 5 6 <bksp>") == [True, False]  # took back a right token, then a wrong one
+    with pytest.raises(ValueError, match="one length"):
+        backspace_use([gold], [])
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.sampled_from(["4", "6", "7", "<bksp>"]), max_size=12))
+def test_backspace_accounting_matches_erasures_and_the_verifier(tokens):
+    completion = " ".join(tokens)
+    u = backspace_use(["4 6"], [completion])
+    flags = erasures("4 6", completion)
+    assert u.erasures == len(flags) and u.erased_wrong == flags.count(False)
+    assert u.wrong_erased <= u.wrong and u.erased_wrong == u.wrong_erased  # each erasure removes one token
+    ends_right = score_answers(TASK, ["4 0 + 6 ="], [completion]).outcomes[0] == CORRECT  # gold: 4 6
+    assert u.right_after_erasure == int(ends_right and bool(flags))
+
+
+def test_answer_indicators_pair_prompts_for_the_bootstrap():
+    s = AnswerScores(("a", "b", "c"), (CORRECT, WRONG, ABSTAINED))
+    assert s.indicator(WRONG) == [0.0, 1.0, 0.0]
+    assert sum(map(sum, (s.indicator(o) for o in (CORRECT, WRONG, ABSTAINED)))) == s.n
+    with pytest.raises(ValueError, match="outcome must be one of"):
+        s.indicator("right")
 
 
 # -- fact recall ---------------------------------------------------------------------------------------------
