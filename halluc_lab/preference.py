@@ -1,0 +1,425 @@
+"""Learning from preferences and rewards: preference pairs from the policy's own samples, DPO, RSFT
+(best-of-N and its soft variant) and RLHF's PPO with a KL penalty — one task, one verifier.
+
+Chapter 9. Sources: 001 Part 2 §1 (the reward model, the KL-regularised objective, DPO and its
+Remark), §2 (RSFT and its N → ∞ claim), the "unified view"; 004 §9.1–9.2 (Bradley–Terry, eq. 9.1);
+Rafailov et al. 2023 (DPO), Schulman et al. 2017 (PPO), Ouyang et al. 2022 (InstructGPT).
+
+The task's verifier plays both parts a person plays in RLHF: the annotator who ranks the policy's
+samples (correct ≻ abstained ≻ wrong, ties dropped, a seeded share of labels flipped) and the gold
+judge a learned reward model only approximates. That preference data — :func:`sample_groups`,
+:func:`rank_pairs`, :func:`build_pairs`, :class:`PreferencePairs` — is defined beside the reward model
+that learns from it (:mod:`halluc_lab.reward_model`) and re-exported here. Each method is a loss
+callable for :func:`halluc_lab.train.train` or one plain loop::
+
+    groups = sample_groups(sft, tok, task, examples, n_samples=8, seed=0)       # the policy's own answers
+    pairs = precompute_reference_logps(sft, build_pairs(groups, flip_rate=0.1, seed=0))  # π_ref, once
+    train(policy, batches(pairs.rows(), 32, seed=0), cfg, loss=DPOLoss(0.1, pairs.reference))
+    rows = rsft_rows(groups, best_of_n(groups.rewards), seq_len=64)           # then SFT on them
+    ppo(policy, sft, RewardModel.from_lm(sft), prompts, VerifierReward(task, tok), PPOConfig(), pad_id=0, seed=0)
+
+Design. A pair is one packed row (:func:`~halluc_lab.reward_model.pair_rows`), so rows stay whole
+under shuffling, micro-batching and CUDA-graph capture. DPO's reference log-probs are computed once,
+before training, into ``PreferencePairs.reference`` ``(P, 2)``, and :class:`DPOLoss` looks each row's
+up by the pair number its segment ids carry: no reference forward pass during training.
+:class:`DPOTraining` and :class:`RSFTTraining` are what a DPO or RSFT recipe stage does (the stage
+interface of :class:`halluc_lab.recipe_cache.Stage`); the registry, a layer above, declares the stages
+themselves as ``class DPO(DPOTraining, Stage)``. They build their rows from the starting model at the
+first step (a stage's ``prepare`` is the only place it sees the model); a run killed in its process
+resumes from its checkpoints, one whose process died restarts from step 0, since the reference is gone.
+
+Where the code departs from the documents:
+
+- RSFT's N → ∞ claim (001 §2) holds for the soft rule, not for best-of-N: the arg max of N samples
+  tends to the highest-reward completion itself. :func:`soft_best_of_n` keeps one of the N with
+  probability softmax(R/β) (sampling-importance-resampling); as N → ∞ the kept sample is distributed
+  as π_ref(y|x) exp(R(y)/β)/Z, the optimum of the KL-regularised objective with β = τ.
+- 001's Bradley–Terry step writes σ(β(R⁺ − R⁻)) with R = β⁻¹ log(π/π_ref) + C, which puts β in twice;
+  the loss here is Rafailov et al.'s eq. 7 (:func:`~halluc_lab.losses.dpo_loss`), with one β.
+- PPO: the KL penalty enters the reward per token as k1 = log π − log π_ref (the documents' "token-level
+  log-probability regularisation"; InstructGPT's), k3 is reported beside it; the task reward is added
+  at the last token. Advantages are GAE (γ, λ) against a separate value model, whitened per rollout
+  batch; π_old's log-probs are recomputed by a forward pass rather than taken from the engine, so the
+  first ratio is exactly 1. Rollouts sample at temperature 1: anything else is not π's distribution.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+import torch
+from torch import nn
+
+from halluc_lab.data import IGNORE, Batch, Encoded, batches, pack, rollout_batch
+from halluc_lab.engine import generate
+from halluc_lab.losses import dpo_loss, gae_advantages, kl_estimates, ppo_clipped_objective, token_logprobs
+from halluc_lab.progress import progress
+from halluc_lab.reward_model import (LearnedReward, PreferencePairs, Reward, RewardModel, SampleGroups,  # noqa: F401
+                                     VerifierReward, build_pairs, pair_index, pair_masks, rank_pairs, sample_groups)
+from halluc_lab.tasks import make_task
+from halluc_lab.tasks.base import check_count
+from halluc_lab.train import CheckpointError
+
+CHUNK = 512  # rows per generation or forward pass
+
+
+def _device(model: nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+def _check_rate(name: str, value: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
+        raise ValueError(f"{name} must be a number in [0, 1], got {value!r}")
+
+
+def _check_positive(name: str, value: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (value > 0 and math.isfinite(value)):
+        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+
+
+# -- DPO (001 Part 2 §1; 004 §9.2) ----------------------------------------------------------------------
+def pair_logps(model: nn.Module, batch: Batch) -> torch.Tensor:
+    """``(B, 2)``: log π(chosen | x) and log π(rejected | x) of each pair row (sums over completion tokens)."""
+    lp = token_logprobs(model(batch.input_ids, **batch.model_kwargs()), batch.labels)  # (B, T-1)
+    chosen, rejected = pair_masks(batch)
+    return torch.stack([(lp * chosen).sum(-1), (lp * rejected).sum(-1)], dim=1)
+
+
+@torch.no_grad()
+def precompute_reference_logps(ref_model: nn.Module, pairs: PreferencePairs, chunk: int = CHUNK) -> PreferencePairs:
+    """The pairs with ``reference`` filled: π_ref's log-probs of every chosen and rejected completion, computed
+    once (one forward pass per ``chunk`` pairs) on the reference model's device. Run it under the autocast
+    the training will use for identical numerics at step 0."""
+    rows, device = pairs.rows(), _device(ref_model)
+    was_training = ref_model.training
+    ref_model.eval()
+    try:
+        out = [pair_logps(ref_model, rows[i:i + chunk].to(device)).float() for i in range(0, len(pairs), chunk)]
+    finally:
+        ref_model.train(was_training)
+    return dataclasses.replace(pairs, reference=torch.cat(out))
+
+
+@dataclass(frozen=True, eq=False)
+class DPOLoss:
+    """``loss(model, batch) -> (summed DPO loss, pairs)`` over rows of :meth:`PreferencePairs.rows`.
+
+    Each row's reference log-probs are looked up in ``reference`` by its pair number: the reference
+    model never runs during training.
+    """
+
+    beta: float  # β: the KL weight of the objective DPO solves
+    reference: torch.Tensor  # (P, 2) PreferencePairs.reference, on the training device
+    label_smoothing: float = 0.0  # ε of conservative DPO: the assumed share of flipped labels
+
+    def __post_init__(self):
+        if not isinstance(self.reference, torch.Tensor) or self.reference.dim() != 2 or self.reference.shape[1] != 2:
+            raise ValueError("reference must be a (P, 2) tensor: pairs = precompute_reference_logps(ref_model, pairs), "
+                             f"then DPOLoss(beta, pairs.reference); got {type(self.reference).__name__}")
+        _check_positive("beta", self.beta)
+        if not (isinstance(self.label_smoothing, (int, float)) and 0 <= self.label_smoothing < 0.5):
+            raise ValueError(f"label_smoothing must be in [0, 0.5), got {self.label_smoothing!r}")
+
+    def __call__(self, model: nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.reference.device != batch.input_ids.device:
+            raise ValueError(f"reference is on {self.reference.device} and the batch on {batch.input_ids.device}: "
+                             "move the reference to the training device first")
+        policy = pair_logps(model, batch)  # (B, 2)
+        ref = self.reference[pair_index(batch)]  # (B, 2) computed once, before training
+        terms = dpo_loss(policy[:, 0], policy[:, 1], ref[:, 0], ref[:, 1], self.beta,
+                         label_smoothing=self.label_smoothing, reduction="sum")
+        return terms.loss, batch.input_ids.new_full((), policy.shape[0])
+
+
+# -- RSFT (001 Part 2 §2) -------------------------------------------------------------------------------
+def best_of_n(rewards: torch.Tensor) -> torch.Tensor:
+    """``(P,)``: the index of each row's highest reward ``(P, N)``; ties go to the first (torch.argmax's rule)."""
+    if not isinstance(rewards, torch.Tensor) or rewards.dim() != 2 or rewards.numel() == 0:
+        raise ValueError(f"rewards must be a non-empty (P, N) tensor, got {getattr(rewards, 'shape', rewards)!r}")
+    return rewards.argmax(dim=1)
+
+
+def soft_best_of_n(rewards: torch.Tensor, beta: float, generator: torch.Generator) -> torch.Tensor:
+    """``(P,)``: one index per row of ``rewards`` ``(P, N)``, drawn with probability softmax(R/β) over the N.
+
+    Sampling-importance-resampling: when the N are samples of π_ref, the kept one tends to be distributed as
+    π_ref(y) exp(R(y)/β)/Z as N → ∞ (the claim 001 §2 makes for best-of-N); as β → 0 it keeps a best one.
+    """
+    best_of_n(rewards)  # checks the shape
+    _check_positive("beta", beta)
+    if not bool(torch.isfinite(rewards).all()):
+        raise ValueError("rewards must be finite")
+    probs = torch.softmax(rewards.double() / beta, dim=1)  # (P, N)
+    return torch.multinomial(probs, 1, generator=generator)[:, 0]
+
+
+def rsft_rows(groups: SampleGroups, picks: torch.Tensor, seq_len: int, *, min_reward: float | None = None) -> Batch:
+    """SFT rows from each prompt's picked sample (labels on its completion), packed in rows of ``seq_len``;
+    a pick whose reward is below ``min_reward`` is left out (None: every pick is kept, as 001 §2 says)."""
+    if tuple(picks.shape) != (len(groups.prompts),):
+        raise ValueError(f"picks must hold one index per prompt ({len(groups.prompts)}), "
+                         f"got shape {tuple(picks.shape)}")
+    seqs = []
+    for p, i in enumerate(picks.tolist()):
+        if min_reward is None or float(groups.rewards[p, i]) >= min_reward:
+            prompt, completion = groups.prompts[p], groups.completions[p][i]
+            seqs.append(Encoded((*prompt, *completion), (IGNORE,) * len(prompt) + completion))
+    if not seqs:
+        raise ValueError(f"no pick has a reward >= min_reward={min_reward}: nothing to fine-tune on")
+    return pack(seqs, seq_len, groups.pad_id)
+
+
+# -- RLHF: PPO with a KL penalty to the reference (001 Part 2 §1.B; Schulman et al. 2017) -----------------
+@dataclass(frozen=True)
+class PPOConfig:
+    """One PPO run: rounds of rollouts, each followed by a few epochs of clipped updates."""
+
+    iterations: int = 20  # rounds of rollouts then updates
+    prompts_per_iteration: int = 16  # prompts drawn per round (in a seeded order, cycling)
+    samples_per_prompt: int = 4  # rollouts per prompt: one prefill, G continuations
+    max_new_tokens: int = 16  # the answer budget
+    epochs: int = 2  # passes over each round's rollouts
+    minibatches: int = 2  # optimizer steps per epoch
+    clip: float = 0.2  # ε of the clipped ratio
+    kl_coef: float = 0.05  # β: weight of the per-token KL penalty (k1) in the reward
+    gamma: float = 1.0  # discount γ
+    gae_lambda: float = 0.95  # λ of GAE (1: Monte-Carlo returns minus the value)
+    lr: float = 1e-4  # the policy's AdamW rate
+    value_lr: float = 1e-4  # the value model's AdamW rate
+    grad_clip: float = 1.0  # global gradient-norm clip, each model
+
+    def __post_init__(self):
+        for name in ("iterations", "prompts_per_iteration", "samples_per_prompt", "max_new_tokens", "epochs",
+                     "minibatches"):
+            check_count(name, getattr(self, name), 1)
+        for name in ("clip", "lr", "value_lr", "grad_clip"):
+            _check_positive(name, getattr(self, name))
+        if not (self.kl_coef >= 0 and math.isfinite(self.kl_coef)):
+            raise ValueError(f"kl_coef must be a finite number >= 0, got {self.kl_coef!r}")
+        _check_rate("gamma", self.gamma)
+        _check_rate("gae_lambda", self.gae_lambda)
+
+
+@dataclass
+class PPOHistory:
+    """Per round, means over its rollouts."""
+
+    reward: list[float] = field(default_factory=list)  # the task reward R (without the KL penalty)
+    kl_k1: list[float] = field(default_factory=list)  # Σ_t k1 per completion: the penalised KL estimate
+    kl_k3: list[float] = field(default_factory=list)  # Σ_t k3 per completion: unbiased, ≥ 0 per token
+    length: list[float] = field(default_factory=list)  # completion tokens
+    clip_fraction: list[float] = field(default_factory=list)  # share of token updates with the ratio off [1 ± ε]
+    value_loss: list[float] = field(default_factory=list)  # ½ (V − return)² per token, the round's last minibatch
+
+
+@torch.no_grad()
+def _rollout(policy, reference, value, prompts, reward, cfg, stop_tokens, pad_id, generator) -> dict:
+    """Sample, score, and turn the scores into per-token rewards, advantages and returns."""
+    policy.eval()
+    res = generate(policy, prompts, cfg.max_new_tokens, stop_tokens=stop_tokens, generator=generator,
+                   n_samples=cfg.samples_per_prompt)
+    completions = res.token_lists()
+    repeated = [list(p) for p in prompts for _ in range(cfg.samples_per_prompt)]
+    batch = rollout_batch(repeated, completions, pad_id).to(_device(policy))
+    mask = batch.labels[:, 1:] != IGNORE  # (B, T-1) the tokens the policy chose
+    logp_old = token_logprobs(policy(batch.input_ids), batch.labels)  # (B, T-1)
+    kl = kl_estimates(logp_old, token_logprobs(reference(batch.input_ids), batch.labels), mask)
+    values = value(batch.input_ids)[:, :-1].float() * mask  # (B, T-1) V(s_t), s_t: the context before token t+1
+    scores = [float(r) for r in reward(repeated, completions)]
+    if len(scores) != len(completions) or not all(math.isfinite(r) for r in scores):
+        raise ValueError(f"reward must return one finite number per completion ({len(completions)}), got {scores[:8]}")
+    rewards = -cfg.kl_coef * kl.k1  # (B, T-1) the KL penalty per token, InstructGPT's
+    last = mask.long().cumsum(1).argmax(1)  # (B,) each row's last completion token
+    rewards[torch.arange(len(scores), device=rewards.device), last] += torch.tensor(scores, device=rewards.device)
+    adv, returns = gae_advantages(rewards, values, mask, cfg.gamma, cfg.gae_lambda)
+    mean = adv[mask].mean()
+    adv = torch.where(mask, (adv - mean) / (adv[mask].std(unbiased=False) + 1e-8), 0.0)  # whitened per round
+    return {"batch": batch, "mask": mask, "logp_old": logp_old, "adv": adv, "returns": returns, "scores": scores,
+            "k1": kl.k1.sum(1).mean().item(), "k3": kl.k3.sum(1).mean().item(),
+            "length": res.lengths.float().mean().item()}
+
+
+def _update(policy, value, r: dict, cfg, optimizers, generator) -> tuple[float, float]:
+    """``cfg.epochs`` passes of clipped policy updates and value regression; (clip fraction, value loss)."""
+    policy.train()
+    value.train()
+    clipped = tokens = 0
+    for _ in range(cfg.epochs):
+        for idx in torch.randperm(len(r["scores"]), generator=generator).chunk(cfg.minibatches):
+            idx = idx.to(r["mask"].device)
+            b, m = r["batch"][idx], r["mask"][idx]
+            n = m.sum().clamp_min(1)
+            logp = token_logprobs(policy(b.input_ids), b.labels)  # (b, T-1)
+            objective = ppo_clipped_objective(logp, r["logp_old"][idx], r["adv"][idx], m, cfg.clip)
+            v = value(b.input_ids)[:, :-1].float()  # (b, T-1)
+            value_loss = 0.5 * (((v - r["returns"][idx]) ** 2) * m).sum() / n
+            for opt in optimizers:
+                opt.zero_grad(set_to_none=True)
+            (-objective.sum() / n + value_loss).backward()  # two models, two losses: one backward serves both
+            for model, opt in zip((policy, value), optimizers):
+                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+                opt.step()
+            with torch.no_grad():
+                clipped += int((((logp - r["logp_old"][idx]).exp() - 1).abs() > cfg.clip)[m].sum())
+                tokens += int(m.sum())
+    return clipped / max(tokens, 1), float(value_loss.detach())
+
+
+def ppo(policy: nn.Module, reference: nn.Module, value: RewardModel, prompts: Sequence[Sequence[int]], reward: Reward,
+        cfg: PPOConfig, *, pad_id: int, seed: int, stop_tokens: Sequence[int] = (), desc: str = "ppo") -> PPOHistory:
+    """RLHF's policy optimisation: maximise E[R(x, y)] − β KL(π ‖ π_ref) with PPO (see the module docstring).
+
+    ``policy`` is trained in place; ``reference`` (a frozen copy of the starting policy) scores the KL
+    penalty; ``value`` (e.g. :meth:`RewardModel.from_lm` of the policy, or a trained reward model) is fit to
+    the returns. ``prompts``: token ids, ``<bos>`` first; ``reward``: a :data:`~halluc_lab.reward_model.Reward`,
+    the gold :class:`VerifierReward` or RLHF's :class:`LearnedReward`. Sampling and minibatch order follow ``seed``.
+    """
+    if reference is policy or value is policy:
+        raise ValueError("reference and value must be models of their own (the reference a frozen copy of the policy)")
+    if not prompts:
+        raise ValueError("prompts must hold at least one prompt")
+    order_g, sample_g = torch.Generator().manual_seed(seed), torch.Generator(device=_device(policy)).manual_seed(seed)
+    optimizers = [torch.optim.AdamW(m.parameters(), lr=lr, weight_decay=0.0)
+                  for m, lr in ((policy, cfg.lr), (value, cfg.value_lr))]
+    was_training = policy.training
+    reference.eval()
+    order, hist = [], PPOHistory()
+    for _ in progress(range(cfg.iterations), desc=desc):
+        while len(order) < cfg.prompts_per_iteration:
+            order += torch.randperm(len(prompts), generator=order_g).tolist()
+        todo, order = order[:cfg.prompts_per_iteration], order[cfg.prompts_per_iteration:]
+        r = _rollout(policy, reference, value, [prompts[i] for i in todo], reward, cfg, tuple(stop_tokens), pad_id,
+                     sample_g)
+        clip_fraction, value_loss = _update(policy, value, r, cfg, optimizers, order_g)
+        for name, v in (("reward", sum(r["scores"]) / len(r["scores"])), ("kl_k1", r["k1"]), ("kl_k3", r["k3"]),
+                        ("length", r["length"]), ("clip_fraction", clip_fraction), ("value_loss", value_loss)):
+            getattr(hist, name).append(v)
+    policy.train(was_training)
+    return hist
+
+
+# -- recipe stages: DPO and RSFT on the starting model's own samples ---------------------------------------
+class _OwnSamples:
+    """One training run of such a stage: its rows are built from the starting model at step 1.
+
+    The recipe cache asks a stage for ``data``, ``prepare`` and ``loss`` separately, and only ``prepare``
+    sees the model; so ``data`` yields a stand-in batch, and ``prepare`` builds the rows at step 1 (the
+    model is then the starting model, the reference) and draws each step's batch from them, seeded by
+    (seed, step) as :func:`~halluc_lab.data.batches` does.
+    """
+
+    def __init__(self, stage, recipe):
+        self.stage, self.recipe = stage, recipe
+        self.draw: Callable[[int], Batch] | None = None
+        self.reference: torch.Tensor | None = None  # DPO: (P, 2) π_ref's log-probs
+
+    def data(self, device: torch.device) -> Callable[[int], Batch]:
+        stand_in = Batch(torch.zeros(1, 1, dtype=torch.long, device=device),
+                         torch.full((1, 1), IGNORE, dtype=torch.long, device=device))
+        return lambda step: stand_in
+
+    def prepare(self, model: nn.Module, batch: Batch, step: int) -> Batch:
+        if step == 1:
+            task = make_task(self.recipe.task)
+            examples = task.examples("train", self.stage.n_prompts, seed=self.recipe.seed)
+            rows, self.reference = self.stage.build(model, task.tokenizer(), task, examples, self.recipe)
+            if rows.input_ids.shape[0] < self.recipe.batch_size:
+                raise ValueError(f"{type(self.stage).__name__}: the starting model's samples gave "
+                                 f"{rows.input_ids.shape[0]} rows, fewer than batch_size={self.recipe.batch_size}: "
+                                 "draw more prompts or samples")
+            self.draw = batches(rows.to(_device(model)), self.recipe.batch_size, self.recipe.seed)
+        elif self.draw is None:  # a resumed run: its model is no longer the reference the rows must come from
+            raise CheckpointError(f"{type(self.stage).__name__} builds its rows from the starting model at step 1 "
+                                  "and cannot resume at a later step")
+        return self.draw(step - 1)
+
+    def dpo_loss(self, model: nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        return DPOLoss(self.stage.beta, self.reference)(model, batch)
+
+
+@lru_cache(maxsize=8)
+def _run(stage, recipe) -> _OwnSamples:
+    """The run of (stage, recipe): its data, prepare and loss share the rows built at step 1."""
+    return _OwnSamples(stage, recipe)
+
+
+@dataclass(frozen=True)
+class _FromOwnSamples:
+    """The stage interface (:class:`halluc_lab.recipe_cache.Stage`) of a stage that learns from the starting
+    model's samples: a recipe's ``n_prompts`` train prompts (its seed), ``build`` turning them into rows."""
+
+    def rows(self, recipe) -> Batch:
+        raise ValueError(f"{type(self).__name__} builds its rows from the starting model's samples at the first "
+                         "step, so they cannot be listed beforehand: give the stage its steps in the task's plan")
+
+    def data(self, recipe, device: torch.device) -> Callable[[int], Batch]:
+        return _run(self, recipe).data(device)
+
+    def prepare(self, recipe) -> Callable[[nn.Module, Batch, int], Batch]:
+        return _run(self, recipe).prepare
+
+
+@dataclass(frozen=True)
+class DPOTraining(_FromOwnSamples):
+    """DPO on pairs of the starting model's samples ranked by the task's verifier (what a DPO stage trains).
+
+    The registry's stage is ``@dataclass(frozen=True) class DPO(DPOTraining, Stage)`` (recipes owns
+    :class:`~halluc_lab.recipe_cache.Stage`, a layer above this module). A pair row is as long as the
+    longest pair; ``recipe.seq_len`` does not apply.
+    """
+
+    n_prompts: int  # train-split prompts sampled (with the recipe's seed)
+    samples: int = 4  # G completions per prompt, ranked by the verifier
+    beta: float = 0.1  # β of the DPO loss
+    flip_rate: float = 0.0  # share of preference labels the annotator flips
+    pairs_per_prompt: int = 1  # pairs drawn from each prompt's ranked samples
+
+    def __post_init__(self):
+        check_count("n_prompts", self.n_prompts, 1)
+        check_count("samples", self.samples, 2)
+        check_count("pairs_per_prompt", self.pairs_per_prompt, 1)
+        _check_rate("flip_rate", self.flip_rate)
+        _check_positive("beta", self.beta)
+
+    def build(self, model, tok, task, examples, recipe) -> tuple[Batch, torch.Tensor]:
+        groups = sample_groups(model, tok, task, examples, self.samples, seed=recipe.seed)
+        pairs = build_pairs(groups, flip_rate=self.flip_rate, pairs_per_prompt=self.pairs_per_prompt, seed=recipe.seed)
+        pairs = precompute_reference_logps(model, pairs)  # the starting model is the reference
+        return pairs.rows(), pairs.reference
+
+    def loss(self, recipe) -> Callable[[nn.Module, Batch], tuple[torch.Tensor, torch.Tensor]]:
+        return _run(self, recipe).dpo_loss
+
+
+@dataclass(frozen=True)
+class RSFTTraining(_FromOwnSamples):
+    """RSFT (001 §2): N samples per prompt from the starting model, keep one by the verifier's reward, SFT
+    on it — the best (``beta=None``) or one drawn with probability softmax(R/β) (:func:`soft_best_of_n`).
+
+    The registry's stage is ``@dataclass(frozen=True) class RSFT(RSFTTraining, Stage)``; its loss is the
+    stage default, next-token cross-entropy on the kept completions, packed in ``recipe.seq_len`` rows.
+    """
+
+    n_prompts: int  # train-split prompts sampled (with the recipe's seed)
+    samples: int = 8  # N completions per prompt
+    beta: float | None = None  # None: best of N; a number: the soft rule's temperature β
+    lam: float = 1.0  # the verifier's reward: +1 correct, 0 abstained, −λ wrong
+    min_reward: float | None = None  # drop a prompt whose pick scores below this (None: keep all, as 001 §2)
+
+    def __post_init__(self):
+        check_count("n_prompts", self.n_prompts, 1)
+        check_count("samples", self.samples, 1)
+        if self.beta is not None:
+            _check_positive("beta", self.beta)
+        if not (isinstance(self.lam, (int, float)) and math.isfinite(self.lam) and self.lam >= 0):
+            raise ValueError(f"lam must be a finite number >= 0, got {self.lam!r}")
+
+    def build(self, model, tok, task, examples, recipe) -> tuple[Batch, None]:
+        groups = sample_groups(model, tok, task, examples, self.samples, seed=recipe.seed, lam=self.lam)
+        picks = (best_of_n(groups.rewards) if self.beta is None
+                 else soft_best_of_n(groups.rewards, self.beta, torch.Generator().manual_seed(recipe.seed)))
+        return rsft_rows(groups, picks, recipe.seq_len, min_reward=self.min_reward), None
