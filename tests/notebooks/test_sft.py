@@ -136,3 +136,21 @@ def test_only_the_backspace_model_recovers_from_a_forced_error(glue):
 def test_completion_only_loss_falls_with_sft(glue):
     for task in ("kb_walk", "arithmetic"):
         assert glue[f"sft_{task}_sft_completion_loss"] < 0.5 * glue[f"sft_{task}_pre_completion_loss"]
+
+
+def test_a_second_run_from_an_empty_cache_glues_the_same_values(glue, tmp_path, monkeypatch):
+    """Same seed, same device type, same code: the chapter's numbers reproduce (ARCHITECTURE.md §3).
+    The first run may load models another chapter trained; this one trains every model anew."""
+    import nbformat
+    import papermill
+
+    from halluc_lab.notebook import read_glue
+    from tests.notebooks.harness import NOTEBOOKS
+
+    monkeypatch.setenv("HALLUC_CACHE", str(tmp_path / "cache"))
+    target = tmp_path / f"{NOTEBOOK}.ipynb"
+    papermill.execute_notebook(str(NOTEBOOKS / f"{NOTEBOOK}.ipynb"), str(target), parameters={"scale": "smoke"},
+                               cwd=str(NOTEBOOKS), progress_bar=False, log_output=False)
+    again = read_glue(nbformat.read(target, as_version=4))
+    differing = sorted(k for k in set(glue) | set(again) if glue.get(k) != again.get(k))
+    assert not differing, f"glued values that differ between two runs: {differing[:10]}"
