@@ -46,7 +46,8 @@ from halluc_lab.tokenizer import Tokenizer
 CHUNK = 512  # rows per forward pass or engine batch
 
 
-def _device(model: torch.nn.Module) -> torch.device:
+def model_device(model: torch.nn.Module) -> torch.device:
+    """The device a model's parameters live on."""
     return next(model.parameters()).device
 
 
@@ -195,7 +196,7 @@ def teacher_forced(model: torch.nn.Module, tok: Tokenizer, examples: Sequence[Ex
     correct: list[list[bool]] = []
     logprobs: list[list[float]] = []
     for i in range(0, len(examples), chunk):
-        b = pad([encode_example(tok, e) for e in examples[i:i + chunk]], tok.pad_id).to(_device(model))
+        b = pad([encode_example(tok, e) for e in examples[i:i + chunk]], tok.pad_id).to(model_device(model))
         with _eval_mode(model):
             logp = torch.log_softmax(model(b.input_ids).float(), dim=-1)[:, :-1]  # (B, T-1, V) predicting t+1
         target = b.input_ids[:, 1:]  # (B, T-1)
@@ -217,7 +218,7 @@ def mean_nll(model: torch.nn.Module, tok: Tokenizer, examples: Sequence[Example]
     total, count = 0.0, 0
     for i in range(0, len(examples), chunk):
         b = pad([encode_example(tok, e, completion_only) for e in examples[i:i + chunk]], tok.pad_id)
-        b = b.to(_device(model))
+        b = b.to(model_device(model))
         with _eval_mode(model):
             total += float(causal_lm_loss(model(b.input_ids), b.labels, reduction="sum"))
         count += int(b.n_targets)
@@ -233,7 +234,7 @@ def next_token_probs(model: torch.nn.Module, tok: Tokenizer, prompts: Sequence[s
     out = []
     for i in range(0, len(prompts), chunk):
         ids = [(tok.bos_id, *tok.encode(p)) for p in prompts[i:i + chunk]]
-        b = pad([Encoded(x, x) for x in ids], tok.pad_id).to(_device(model))  # right-padded
+        b = pad([Encoded(x, x) for x in ids], tok.pad_id).to(model_device(model))  # right-padded
         last = torch.tensor([len(x) - 1 for x in ids], device=b.input_ids.device)  # (B,) each row's last token
         with _eval_mode(model):
             logits = model(b.input_ids)[torch.arange(len(ids), device=last.device), last]  # (B, V)
@@ -323,7 +324,7 @@ class FactRecall:
 def fact_recall(model: torch.nn.Module, tok: Tokenizer, task: KBWalk) -> FactRecall:
     """Probe a model pre-trained on ``e r e' .`` sentences: does the argmax after ``<bos> e r`` name e'?"""
     facts = tuple(sorted(task.facts))
-    ids = torch.tensor([[tok.bos_id, *tok.encode([e, r])] for e, r in facts], device=_device(model))  # (F, 3)
+    ids = torch.tensor([[tok.bos_id, *tok.encode([e, r])] for e, r in facts], device=model_device(model))  # (F, 3)
     with _eval_mode(model):
         pred = model(ids)[:, -1].argmax(-1).tolist()  # (F,)
     recalled = tuple(tok.tokens[p] == task.facts[f] for p, f in zip(pred, facts))

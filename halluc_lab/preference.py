@@ -56,24 +56,16 @@ from torch import nn
 
 from halluc_lab.data import IGNORE, Batch, Encoded, batches, pack, rollout_batch
 from halluc_lab.engine import generate
+from halluc_lab.evaluate import model_device
 from halluc_lab.losses import dpo_loss, gae_advantages, kl_estimates, ppo_clipped_objective, token_logprobs
 from halluc_lab.progress import progress
-from halluc_lab.reward_model import (LearnedReward, PreferencePairs, Reward, RewardModel, SampleGroups,  # noqa: F401
+from halluc_lab.reward_model import (LearnedReward, check_rate, PreferencePairs, Reward, RewardModel, SampleGroups,  # noqa: F401
                                      VerifierReward, build_pairs, pair_index, pair_masks, rank_pairs, sample_groups)
 from halluc_lab.tasks import make_task
 from halluc_lab.tasks.base import check_count
 from halluc_lab.train import CheckpointError
 
 CHUNK = 512  # rows per generation or forward pass
-
-
-def _device(model: nn.Module) -> torch.device:
-    return next(model.parameters()).device
-
-
-def _check_rate(name: str, value: float) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
-        raise ValueError(f"{name} must be a number in [0, 1], got {value!r}")
 
 
 def _check_positive(name: str, value: float) -> None:
@@ -94,7 +86,7 @@ def precompute_reference_logps(ref_model: nn.Module, pairs: PreferencePairs, chu
     """The pairs with ``reference`` filled: π_ref's log-probs of every chosen and rejected completion, computed
     once (one forward pass per ``chunk`` pairs) on the reference model's device. Run it under the autocast
     the training will use for identical numerics at step 0."""
-    rows, device = pairs.rows(), _device(ref_model)
+    rows, device = pairs.rows(), model_device(ref_model)
     was_training = ref_model.training
     ref_model.eval()
     try:
@@ -200,8 +192,8 @@ class PPOConfig:
             _check_positive(name, getattr(self, name))
         if not (self.kl_coef >= 0 and math.isfinite(self.kl_coef)):
             raise ValueError(f"kl_coef must be a finite number >= 0, got {self.kl_coef!r}")
-        _check_rate("gamma", self.gamma)
-        _check_rate("gae_lambda", self.gae_lambda)
+        check_rate("gamma", self.gamma)
+        check_rate("gae_lambda", self.gae_lambda)
 
 
 @dataclass
@@ -224,7 +216,7 @@ def _rollout(policy, reference, value, prompts, reward, cfg, stop_tokens, pad_id
                    n_samples=cfg.samples_per_prompt)
     completions = res.token_lists()
     repeated = [list(p) for p in prompts for _ in range(cfg.samples_per_prompt)]
-    batch = rollout_batch(repeated, completions, pad_id).to(_device(policy))
+    batch = rollout_batch(repeated, completions, pad_id).to(model_device(policy))
     mask = batch.labels[:, 1:] != IGNORE  # (B, T-1) the tokens the policy chose
     logp_old = token_logprobs(policy(batch.input_ids), batch.labels)  # (B, T-1)
     kl = kl_estimates(logp_old, token_logprobs(reference(batch.input_ids), batch.labels), mask)
@@ -282,7 +274,7 @@ def ppo(policy: nn.Module, reference: nn.Module, value: RewardModel, prompts: Se
         raise ValueError("reference and value must be models of their own (the reference a frozen copy of the policy)")
     if not prompts:
         raise ValueError("prompts must hold at least one prompt")
-    order_g, sample_g = torch.Generator().manual_seed(seed), torch.Generator(device=_device(policy)).manual_seed(seed)
+    order_g, sample_g = torch.Generator().manual_seed(seed), torch.Generator(device=model_device(policy)).manual_seed(seed)
     optimizers = [torch.optim.AdamW(m.parameters(), lr=lr, weight_decay=0.0)
                   for m, lr in ((policy, cfg.lr), (value, cfg.value_lr))]
     was_training = policy.training
@@ -331,7 +323,7 @@ class _OwnSamples:
                 raise ValueError(f"{type(self.stage).__name__}: the starting model's samples gave "
                                  f"{rows.input_ids.shape[0]} rows, fewer than batch_size={self.recipe.batch_size}: "
                                  "draw more prompts or samples")
-            self.draw = batches(rows.to(_device(model)), self.recipe.batch_size, self.recipe.seed)
+            self.draw = batches(rows.to(model_device(model)), self.recipe.batch_size, self.recipe.seed)
         elif self.draw is None:  # a resumed run: its model is no longer the reference the rows must come from
             raise CheckpointError(f"{type(self.stage).__name__} builds its rows from the starting model at step 1 "
                                   "and cannot resume at a later step")
@@ -382,7 +374,7 @@ class DPOTraining(_FromOwnSamples):
         check_count("n_prompts", self.n_prompts, 1)
         check_count("samples", self.samples, 2)
         check_count("pairs_per_prompt", self.pairs_per_prompt, 1)
-        _check_rate("flip_rate", self.flip_rate)
+        check_rate("flip_rate", self.flip_rate)
         _check_positive("beta", self.beta)
 
     def build(self, model, tok, task, examples, recipe) -> tuple[Batch, torch.Tensor]:

@@ -51,7 +51,7 @@ from torch import nn
 
 from halluc_lab.data import IGNORE, Batch, Encoded, pad
 from halluc_lab.engine import generate
-from halluc_lab.evaluate import answer_budget, score_answers
+from halluc_lab.evaluate import answer_budget, model_device, score_answers
 from halluc_lab.losses import bradley_terry_loss
 from halluc_lab.model import ModelConfig, Transformer
 from halluc_lab.tasks import Example, Task
@@ -65,11 +65,8 @@ __all__ = ["pair_rows", "pair_masks", "pair_index", "pair_ends", "SampleGroups",
            "score", "Correlation", "reward_correlation", "Reward", "VerifierReward", "LearnedReward"]
 
 
-def _device(model: nn.Module) -> torch.device:
-    return next(model.parameters()).device
-
-
-def _check_rate(name: str, value: float) -> None:
+def check_rate(name: str, value: float) -> None:
+    """ValueError unless ``value`` is a number in [0, 1] (a flip rate, an acceptance threshold)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
         raise ValueError(f"{name} must be a number in [0, 1], got {value!r}")
 
@@ -158,7 +155,7 @@ def sample_groups(model: nn.Module, tok: Tokenizer, task: Task, examples: Sequen
     check_count("n_samples", n_samples, 1)
     budget = answer_budget(examples)
     prompts = tuple((tok.bos_id, *tok.encode(e.prompt)) for e in examples)
-    g = torch.Generator(device=_device(model)).manual_seed(seed)
+    g = torch.Generator(device=model_device(model)).manual_seed(seed)
     tokens: list[list[int]] = []
     was_training = model.training
     model.eval()
@@ -186,7 +183,7 @@ def rank_pairs(rewards: Sequence[Sequence[float]], keys: Sequence[Sequence] | No
     probability ``flip_rate`` (the noisy annotator): flipped, its worse sample is labelled the chosen one.
     ``generator``: a CPU generator; the draws depend only on it and the rewards.
     """
-    _check_rate("flip_rate", flip_rate)
+    check_rate("flip_rate", flip_rate)
     check_count("pairs_per_prompt", pairs_per_prompt, 1)
     out: list[tuple[int, int, int]] = []
     for g, rs in enumerate(rewards):
