@@ -263,7 +263,7 @@ def _world_digest(task, documents: bool) -> str:
     return hashlib.sha256(json.dumps(data).encode()).hexdigest()[:16]
 
 
-# The configs of halluc_lab.recipes._task_config at both scales: cached models and committed results were
+# The configs of halluc_lab.recipes.TASK_PLANS at both scales: cached models and committed results were
 # trained on exactly these worlds, so any change to what they generate must be deliberate. The digests were
 # computed before kb_walk's fact drawing was made linear. Full-scale pre-training corpora take seconds to
 # build, so only the smoke scale pins pre-training text (the same code writes both).
