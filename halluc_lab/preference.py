@@ -34,8 +34,9 @@ Where the code departs from the documents:
   tends to the highest-reward completion itself. :func:`soft_best_of_n` keeps one of the N with
   probability softmax(R/β) (sampling-importance-resampling); as N → ∞ the kept sample is distributed
   as π_ref(y|x) exp(R(y)/β)/Z, the optimum of the KL-regularised objective with β = τ.
-- 001's Bradley–Terry step writes σ(β(R⁺ − R⁻)) with R = β⁻¹ log(π/π_ref) + C, which puts β in twice;
-  the loss here is Rafailov et al.'s eq. 7 (:func:`~halluc_lab.losses.dpo_loss`), with one β.
+- 001 writes the reward at the optimum as R = β⁻¹ log(π/π_ref) + C (it is β log(π/π_ref) + β log Z) and
+  its Bradley–Terry step as σ(β(R⁺ − R⁻)); its Remark, multiplying the two, drops β, its loss keeps it.
+  The loss here is Rafailov et al.'s eq. 7 (:func:`~halluc_lab.losses.dpo_loss`): σ(β Δ log-ratio).
 - PPO: the KL penalty enters the reward per token as k1 = log π − log π_ref (the documents' "token-level
   log-probability regularisation"; InstructGPT's), k3 is reported beside it; the task reward is added
   at the last token. Advantages are GAE (γ, λ) against a separate value model, whitened per rollout

@@ -11,9 +11,10 @@ shape, the optimisation, the stage and the recipe whose weights it starts from::
     kb.model, kb.tokenizer, kb.task, kb.history
 
 **Stages** own how their data are assembled and what their training needs (the :class:`Stage`
-interface): :class:`Pretraining` (chapter 7) and :class:`SFT` (chapter 8) so far; nothing chooses
-a stage by its name. Sources: 000 §5.4 (completion-only loss), §5.7 (packing), §7.3 (backspace
-demonstrations); 002 ("Scheduled Sampling").
+interface): :class:`Pretraining` (chapter 7), :class:`SFT` (chapter 8), :class:`DPO` and :class:`RSFT`
+(chapter 9, which learn from the starting model's own samples ranked by the task's verifier); nothing
+chooses a stage by its name. Sources: 000 §5.4 (completion-only loss), §5.7 (packing), §7.3 (backspace
+demonstrations); 002 ("Scheduled Sampling"); 001 Part 2 §1–2 (DPO, RSFT).
 
 **Names** are ``<task>-<stage>`` with task in :data:`TASKS` and stage in :data:`STAGES`, each at both
 scales (``recipes.get(name, "smoke")``). The registry is three tables (:data:`SCALE_PLANS`,
@@ -40,13 +41,14 @@ from torch import nn
 
 from halluc_lab.data import Batch, encode_document, encode_example, pack
 from halluc_lab.model import ModelConfig
+from halluc_lab.preference import DPOTraining, RSFTTraining
 from halluc_lab.recipe_cache import (SCALES, CacheWarning, Prepare, Recipe, Stage, Trained, cache_root,
                                      code_fingerprint, code_modules, directory, key, load_recipe, used, with_seed)
 from halluc_lab.sft import BackspaceConfig, backspace_demonstration, scheduled_sampling
 from halluc_lab.tasks import ArithmeticConfig, KBWalkConfig, PathStarConfig, TaskConfig, make_task
 from halluc_lab.train import TrainConfig
 
-__all__ = ["Recipe", "with_seed", "Stage", "Pretraining", "SFT", "ScheduledSampling", "get", "NAMES", "TASKS",
+__all__ = ["Recipe", "with_seed", "Stage", "Pretraining", "SFT", "ScheduledSampling", "DPO", "RSFT", "get", "NAMES", "TASKS",
            "STAGES", "SCALES", "training_rows", "load", "load_recipe", "Trained", "CacheWarning", "key",
            "directory", "cache_root", "code_modules", "code_fingerprint", "used", "prefetch"]
 
@@ -126,6 +128,18 @@ class ScheduledSampling:
         return scheduled_sampling(model, batch, self.final_rate * step / self.steps, g)
 
 
+@dataclass(frozen=True)
+class DPO(DPOTraining, Stage):
+    """DPO on pairs of the starting model's own samples, ranked by the task's verifier with a share of the
+    labels flipped (chapter 9; :class:`halluc_lab.preference.DPOTraining` says how)."""
+
+
+@dataclass(frozen=True)
+class RSFT(RSFTTraining, Stage):
+    """RSFT: SFT on one of N own samples per prompt, the best by the verifier's reward or one drawn with
+    probability softmax(R/β) (chapter 9; :class:`halluc_lab.preference.RSFTTraining` says how)."""
+
+
 @lru_cache(maxsize=4)
 def _pretraining_rows(task: TaskConfig, seq_len: int, seed: int) -> Batch:
     """The task's pre-training corpus (drawn with ``seed``), a document per sequence, packed in rows of ``seq_len``."""
@@ -152,6 +166,7 @@ class TaskPlan:
     sft: SFT  # the task's clean SFT: examples drawn, pre-training replay
     steps: Mapping[str, int]  # optimizer steps per stage; a stage not listed makes one pass over its rows
     parents: Mapping[str, str] = field(default_factory=dict)  # stage -> the stage it starts from, if not the usual
+    preference_prompts: int | None = None  # train prompts the preference stages sample from (None: no such stage)
 
 
 @dataclass(frozen=True)
@@ -179,6 +194,11 @@ def _sft(**changes) -> StagePlan:
                      warmup_divisor=20, seed=1, parent="pretrain")
 
 
+def _preference(stage: Callable[[TaskPlan], Stage], lr: Mapping[str, float], seed: int) -> StagePlan:
+    """A chapter-9 stage, started from the task's clean SFT model (its reference policy)."""
+    return StagePlan(stage, lr=lr, warmup_divisor=10, seed=seed, parent="sft-clean")
+
+
 STAGE_PLANS = {
     "pretrain": StagePlan(lambda plan: Pretraining(), lr={"smoke": 5e-3, "full": 2e-3}, warmup_divisor=10, seed=0),
     "sft-clean": _sft(),
@@ -187,9 +207,24 @@ STAGE_PLANS = {
     # The matched-compute control of a backspace recipe that continues from clean SFT: clean SFT continued
     # for the same extra steps, so "more training" and "backspace demonstrations" can be told apart.
     "sft-continued": dataclasses.replace(_sft(), parent="sft-clean"),
+    # Chapter 9: each learns from N = 8 own samples per prompt of the clean SFT model (the same samples drawn
+    # by every method); DPO's annotator flips a tenth of its labels, as people disagree. Learning rates are a
+    # tenth (RSFT, supervised like SFT) and a fiftieth (DPO, whose loss keeps pushing the rejected answer's
+    # log-probability down, and with it everything the pair shares) of clean SFT's, as preference tuning
+    # of larger models runs far below their SFT rate. The soft rule's β = 1 keeps a right answer e² ≈ 7.4
+    # times as readily as a wrong one, per sample: a tilt, not a hard maximum.
+    "dpo": _preference(lambda plan: DPO(plan.preference_prompts, samples=8, beta=0.1, flip_rate=0.1),
+                       lr={"smoke": 6e-5, "full": 2e-5}, seed=2),
+    "rsft": _preference(lambda plan: RSFT(plan.preference_prompts, samples=8), lr={"smoke": 3e-4, "full": 1e-4},
+                        seed=2),
+    "rsft-soft": _preference(lambda plan: RSFT(plan.preference_prompts, samples=8, beta=1.0),
+                             lr={"smoke": 3e-4, "full": 1e-4}, seed=2),
 }
 STAGES = tuple(STAGE_PLANS)
 _SFT_STAGES = ("sft-clean", "sft-backspace", "sft-scheduled")
+# Chapter 9's stages on kb_walk and arithmetic, about three passes over their rows: DPO's pairs (one per prompt
+# whose 8 samples do not all tie) and RSFT's kept samples, packed (about ten to a row).
+_PREFERENCE_STEPS = {"smoke": {"dpo": 40, "rsft": 9, "rsft-soft": 9}, "full": {"dpo": 60, "rsft": 8, "rsft-soft": 8}}
 
 # Pre-training is exactly one pass over the corpus (no "pretrain" in steps), so a rare kb_walk fact is seen
 # 1–3 times. SFT examples drawn: at full scale the 400- and 2,000-step recipes see each about three to five
@@ -197,16 +232,19 @@ _SFT_STAGES = ("sft-clean", "sft-backspace", "sft-scheduled")
 TASK_PLANS = {
     ("kb_walk", "smoke"): TaskPlan(
         KBWalkConfig(n_entities=24, n_relations=4, common_count=600, facts_per_document=7, max_hops=3),
-        SFT(n_examples=3000, replay_fraction=0.5), dict.fromkeys(_SFT_STAGES, 250)),
+        SFT(n_examples=3000, replay_fraction=0.5), {**dict.fromkeys(_SFT_STAGES, 250), **_PREFERENCE_STEPS["smoke"]},
+        preference_prompts=256),
     ("kb_walk", "full"): TaskPlan(
         KBWalkConfig(n_entities=120, n_relations=6, common_count=3400, facts_per_document=7, max_hops=4),
-        SFT(n_examples=50_000, replay_fraction=0.5), dict.fromkeys(_SFT_STAGES, 400)),
+        SFT(n_examples=50_000, replay_fraction=0.5), {**dict.fromkeys(_SFT_STAGES, 400), **_PREFERENCE_STEPS["full"]},
+        preference_prompts=3072),
     ("arithmetic", "smoke"): TaskPlan(
         ArithmeticConfig(max_digits=2, reverse_output=False, n_pretrain_documents=4000, equations_per_document=3),
-        SFT(n_examples=3000), dict.fromkeys(_SFT_STAGES, 300)),
+        SFT(n_examples=3000), {**dict.fromkeys(_SFT_STAGES, 300), **_PREFERENCE_STEPS["smoke"]}, preference_prompts=256),
     ("arithmetic", "full"): TaskPlan(
         ArithmeticConfig(max_digits=3, reverse_output=False, n_pretrain_documents=192_000, equations_per_document=3),
-        SFT(n_examples=150_000), dict.fromkeys(_SFT_STAGES, 400)),
+        SFT(n_examples=150_000), {**dict.fromkeys(_SFT_STAGES, 400), **_PREFERENCE_STEPS["full"]},
+        preference_prompts=3072),
     # 20 labels at full scale, not more: the edge look-up is learned abruptly, and later the more labels there
     # are (a 4 x 128 model fine-tuned on 30 labels had not learned it after 3,000 steps, on 20 it had by step
     # 1,000; book/results/training.md). Bachmann & Nagarajan train far longer on larger graphs. Hence the most

@@ -363,3 +363,31 @@ def test_stage_settings_are_checked():
         RSFT(n_prompts=4, beta=-1.0)
     with pytest.raises(ValueError, match="n_prompts"):
         RSFT(n_prompts=0)
+
+
+@pytest.mark.gpu
+def test_a_dpo_stage_trains_on_cuda_with_its_step_captured_and_twice_gives_the_same_weights(cache):
+    cuda = torch.device("cuda")
+    r = tiny_chain(DPO(n_prompts=64, samples=8, beta=0.1))
+    first = recipes.load_recipe(r, cuda, torch.bfloat16)
+    assert first.trained_now and next(first.model.parameters()).is_cuda
+    assert first.history.loss[0] == pytest.approx(math.log(2), abs=0.02)  # bf16 policy against an fp32 reference
+    assert all(math.isfinite(x) for x in first.history.loss)
+    first_dir = recipes.directory(r, torch.bfloat16)
+    again = recipes.load_recipe(dataclasses.replace(r, name=r.name + "-again"), cuda, torch.bfloat16)
+    assert recipes.directory(again.recipe, torch.bfloat16) != first_dir and again.trained_now
+    assert same_weights(again.model, first.model)  # deterministic kernels, a captured step: bit-identical
+
+
+@pytest.mark.gpu
+def test_ppo_runs_on_cuda_through_the_engines_captured_decode():
+    cuda = torch.device("cuda")
+    policy = small_transformer(V, seed=1).to(cuda).train()
+    reference = copy.deepcopy(policy).eval()
+    reward = lambda prompts, completions: [sum(t == GOOD for t in c) / len(c) for c in completions]
+    cfg = PPOConfig(iterations=6, prompts_per_iteration=4, samples_per_prompt=8, max_new_tokens=4, lr=1e-2,
+                    value_lr=1e-2, kl_coef=0.01)
+    hist = ppo(policy, reference, RewardModel.from_lm(policy), [[BOS, 5], [BOS, 6], [BOS, 7], [BOS, 8]], reward, cfg,
+               pad_id=PAD, seed=0)
+    assert sum(hist.reward[-2:]) / 2 > sum(hist.reward[:2]) / 2 + 0.3
+    assert all(math.isfinite(x) for x in hist.kl_k3 + hist.value_loss)

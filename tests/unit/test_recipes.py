@@ -65,8 +65,10 @@ def test_every_name_exists_at_smoke_scale_and_sft_starts_from_its_pretraining():
         assert isinstance(r.stage, recipes.Pretraining) == name.endswith("-pretrain") == (r.parent is None)
         if r.parent is not None:
             # path_star's backspace SFT and its control continue from clean SFT (recipes.TASK_PLANS says why)
-            parent = ("path_star-sft-clean" if name in ("path_star-sft-backspace", "path_star-sft-continued")
-                      else name.split("-")[0] + "-pretrain")
+            # and chapter 9's preference stages start from clean SFT, their reference policy
+            task, stage = name.split("-", 1)
+            parent = (f"{task}-sft-clean" if name in ("path_star-sft-backspace", "path_star-sft-continued")
+                      or stage in ("dpo", "rsft", "rsft-soft") else f"{task}-pretrain")
             assert r.parent == recipes.get(parent, "smoke") and r.model == r.parent.model
             assert r.pretraining == recipes.get(name.split("-")[0] + "-pretrain", "smoke")  # the replay corpus
     assert recipes.get("kb_walk-sft-backspace", "smoke").stage.backspace == BackspaceConfig(rate=0.1)
@@ -212,7 +214,10 @@ def test_code_modules_are_what_the_recipe_imports_and_nothing_else():
     for m in ("losses", "data", "model", "attention", "positional", "tokenizer", "sft", "train", "recipes",
               "recipe_cache", "hf_convert", "tasks.kb_walk", "tasks.base"):
         assert f"halluc_lab.{m}" in used
-    for m in ("interactive", "claims", "evaluate", "engine", "notebook", "ngram", "rnn", "stats"):
+    # The registry declares chapter 9's stages too, so every recipe's key covers the code they import (the
+    # engine and the evaluation they sample and score with): conservative, never stale.
+    assert "halluc_lab.preference" in used
+    for m in ("interactive", "claims", "notebook", "ngram", "rnn", "stats"):
         assert f"halluc_lab.{m}" not in used
     assert "halluc_lab" not in used  # "from halluc_lab import x" uses x, not the package's __init__
 
@@ -467,3 +472,17 @@ def test_prefetch_trains_chains_in_parallel_processes_as_load_would(cache):
 def test_prefetch_rejects_a_bad_process_count(cache):
     with pytest.raises(ValueError, match="processes"):
         recipes.prefetch([tiny_sft()], "cpu", processes=0)
+
+
+@pytest.mark.parametrize("scale", recipes.SCALES)
+def test_the_preference_stages_draw_the_same_samples_of_their_clean_sft_model(scale):
+    for task in ("kb_walk", "arithmetic"):
+        dpo, best, soft = (recipes.get(f"{task}-{s}", scale) for s in ("dpo", "rsft", "rsft-soft"))
+        assert isinstance(dpo.stage, recipes.DPO) and isinstance(best.stage, recipes.RSFT)
+        assert (dpo.stage.beta, dpo.stage.flip_rate, best.stage.beta, soft.stage.beta) == (0.1, 0.1, None, 1.0)
+        # one seed, one prompt count, N = 8: every method learns from the same answers of the same model
+        assert dpo.seed == best.seed == soft.seed and dpo.parent == best.parent == recipes.get(f"{task}-sft-clean", scale)
+        assert dpo.stage.n_prompts == best.stage.n_prompts == soft.stage.n_prompts
+        assert dpo.stage.samples == best.stage.samples == soft.stage.samples == 8
+        assert dpo.train.lr < best.train.lr < dpo.parent.train.lr  # preference tuning runs below the SFT rate
+    assert "path_star-dpo" not in recipes.NAMES  # no preference stage where the plan gives none
