@@ -1,0 +1,93 @@
+"""Chapter 9 (notebooks/09_preference.ipynb) at scale=smoke: the exact checks on small discrete examples, and
+DPO, RSFT, a reward model and PPO on the lab's models, measured on fixed sets of distinct held-out prompts."""
+
+import math
+
+import pytest
+
+from halluc_lab import stats
+
+NOTEBOOK = "09_preference"
+pytestmark = pytest.mark.notebook
+
+
+def test_bradley_terry_and_the_kl_regularised_optimum_hold_exactly(glue):
+    assert glue["pref_toy_bt_max_gap"] < 1e-6  # p_i / (p_i + p_j) = σ(r_i − r_j) with p = e^r
+    assert glue["pref_toy_perturb_gap"] < 1e-6  # no perturbation of π* scores higher on the objective
+    assert glue["pref_toy_ascent_gap"] < 1e-4  # gradient ascent on tabular logits lands on π*
+    assert glue["pref_toy_C"] == pytest.approx(glue["pref_toy_value"], abs=1e-6)  # C(x) = β log Z = the optimum
+
+
+def test_where_beta_sits_the_documents_disagree_and_the_loss_is_rafailovs(glue):
+    assert glue["pref_toy_R_spread"] < 1e-6  # R − β log(π*/π_ref) is one constant over the completions
+    assert glue["pref_toy_R_spread_001"] > 1.0  # with 001's β⁻¹ it is not
+    probabilities = (glue["pref_toy_p_bt_001"], glue["pref_toy_p_remark_001"], glue["pref_toy_p_loss"])
+    assert len({round(p, 4) for p in probabilities}) == 3  # 001's step, its Remark and its loss: three answers
+
+
+def test_dpo_reaches_the_kl_optimum_and_best_of_n_does_not(glue):
+    assert glue["pref_toy_dpo_kl_exact"] < 1e-6  # the expected DPO loss is minimised at π*
+    assert glue["pref_toy_dpo_kl"] < 0.01  # and 100,000 sampled pairs come close
+    soft, bon = glue["pref_toy_soft_tv"], glue["pref_toy_bon_tv"]
+    assert soft[-1] < 0.01 and soft[-1] < soft[0]  # the soft rule tends to π_ref·exp(R/β)/Z
+    assert bon[-1] == pytest.approx(glue["pref_toy_bon_limit_tv"], abs=1e-3) and bon[-1] > 0.1  # best-of-N does not
+    assert glue["pref_toy_ppo_tv"] < 0.02
+
+
+def test_the_listing_of_004_learns_nothing_from_coin_flips_and_something_from_a_signal(glue):
+    low, high = glue["pref_toy_listing_heldout_accuracy"][1:]
+    assert low <= 0.5 <= high  # its preferences are coin flips
+    assert glue["pref_toy_signal_heldout_accuracy"][1] > 0.9
+    assert abs(glue["pref_toy_listing_tie_share"] - 0.5) < 0.05  # y1 = y2 about half the time
+
+
+def test_evaluation_sets_hold_distinct_prompts(glue):
+    assert glue["pref_seeds"] == [0]  # the CPU trains one seed; the code path is that of three
+    for task in ("kb_walk", "arithmetic"):
+        assert glue[f"pref_{task}_n_eval"] == glue[f"pref_{task}_eval_distinct"] >= 50
+
+
+def _compared(glue):
+    return [k.removesuffix("_verdict") for k in glue if k.startswith("pref_") and "_vs_SFT_" in k
+            and k.endswith("_verdict")]
+
+
+def test_intervals_contain_their_estimates_and_verdicts_follow_them(glue):
+    intervals = [v for k, v in glue.items() if k.startswith(("pref_kb_walk_", "pref_arithmetic_"))
+                 and isinstance(v, list) and len(v) == 3 and "_vs_" not in k and "first_last" not in k]
+    assert len(intervals) > 50
+    for est, low, high in intervals:
+        assert low <= est <= high
+    compared = _compared(glue)
+    assert len(compared) == 5 * 5 + 4 * 4  # kb_walk: five methods, five scores; arithmetic: four and four
+    for key in compared:
+        est, low, high = glue[key]
+        assert low <= est <= high
+        said = glue[key + "_verdict"]
+        assert ("< SFT" in said) == (high < 0) and ("> SFT" in said) == (low > 0)
+        assert ("no difference" in said) == (low <= 0 <= high)
+
+
+def test_the_reference_policy_is_zero_nats_from_itself(glue):
+    for task in ("kb_walk", "arithmetic"):
+        assert glue[f"pref_{task}_SFT_KL"] == [0.0, 0.0, 0.0]
+
+
+def test_the_smoke_models_move_in_the_right_direction(glue):
+    for task in ("kb_walk", "arithmetic"):
+        first, last = glue[f"pref_{task}_dpo_loss_first_last"]
+        assert first == pytest.approx(math.log(2), abs=1e-3)  # step 1: π = π_ref
+        assert last < first  # the preferred answers gain on the rejected ones
+    assert glue["pref_rm_train_accuracy"] > 0.6  # the reward model fits the pairs it saw
+    # PPO raises the reward it is given: the reward model's score of its held-out answers, against the SFT model's
+    assert glue["pref_kb_walk_PPO_reward_model_vs_SFT_proxy_reward"][0] > 0
+
+
+def test_the_beta_flip_grid_holds_shares_of_answers(glue):
+    for row in glue["pref_beta_flip_shares"]:
+        for shares in row:
+            assert sum(shares) == pytest.approx(1.0, abs=1e-5) and min(shares) >= 0
+
+
+def test_every_disagreement_is_counted(glue):
+    assert glue["pref_disagreements"] == glue["pref_toy_disagreements"] + glue["pref_hallucination_disagreements"]
