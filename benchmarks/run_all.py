@@ -2,7 +2,9 @@
 
 Decode: tiny at batches 1 and 64 against HF generate with its dynamic and its static cache;
 small at batches 1 and 64 against the dynamic cache only (the static cache's compile is slow).
-Training step: tiny and small at batch 32 × 256 tokens. JSON files go to ``--out``.
+Training step: tiny and small at batch 32 × 256 tokens. DPO step and RL iteration against TRL (kb_walk,
+the recipes' shape), when TRL is installed (it is not a dependency: see preference.py). JSON files go
+to ``--out``.
 
     python benchmarks/run_all.py --out _build/bench
     python benchmarks/run_all.py --quick          # a smoke check of the scripts (CPU: a minute)
@@ -11,11 +13,13 @@ Training step: tiny and small at batch 32 × 256 tokens. JSON files go to ``--ou
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 import time
 from pathlib import Path
 
 import decode
+import preference
 import train_step
 
 
@@ -36,6 +40,10 @@ def main(argv=None) -> None:
                               "--json", str(out / "decode_small.json")])
     train_step.main(common + ["--sizes", "tiny" if args.quick else "tiny,small", "--batches", "8" if args.quick else "32",
                               "--json", str(out / "train_step.json")])
+    if importlib.util.find_spec("trl") is None:
+        print("\npreference: skipped, TRL is not installed (benchmarks/preference.py says how)")
+    else:
+        preference.main(common + ["--json", str(out / "preference.json")])
     print(f"\nall benchmarks: {time.perf_counter() - start:.0f} s")
 
 
