@@ -57,13 +57,13 @@ from torch import nn
 
 from halluc_lab.data import IGNORE, Batch, Encoded, batches, pack, rollout_batch
 from halluc_lab.engine import generate
-from halluc_lab.evaluate import model_device
 from halluc_lab.losses import dpo_loss, gae_advantages, kl_estimates, ppo_clipped_objective, token_logprobs
 from halluc_lab.progress import progress
 from halluc_lab.reward_model import (LearnedReward, check_rate, PreferencePairs, Reward, RewardModel, SampleGroups,  # noqa: F401
                                      VerifierReward, build_pairs, pair_index, pair_masks, rank_pairs, sample_groups)
-from halluc_lab.tasks import make_task
-from halluc_lab.tasks.base import check_count
+from halluc_lab.evaluate import distinct_examples, model_device
+from halluc_lab.tasks import Example, Task, make_task
+from halluc_lab.tasks.base import check_count, split_of
 from halluc_lab.train import CheckpointError
 
 CHUNK = 512  # rows per generation or forward pass
@@ -72,6 +72,29 @@ CHUNK = 512  # rows per generation or forward pass
 def _check_positive(name: str, value: float) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not (value > 0 and math.isfinite(value)):
         raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+
+
+# -- prompts: the held-out split, halved --------------------------------------------------------------------
+def _learning_half(prompt: str) -> bool:
+    return split_of(prompt, 0.5, salt=9) == "heldout"  # a stable hash of the prompt, independent of the split's
+
+
+def preference_examples(task: Task, n: int, seed: int) -> list[Example]:
+    """``n`` held-out examples (drawn with repeats, seeded) whose prompts lie in the half of the held-out split
+    the chapter-9 methods learn from. Not the train split: the SFT model answers its prompts the same way every
+    time, so its samples there give the annotator nothing to rank; :func:`evaluation_examples` is the other half."""
+    check_count("n", n, 1)
+    out: list[Example] = []
+    for round_ in range(50):
+        out += [e for e in task.examples("heldout", n, seed=seed + 7919 * round_) if _learning_half(e.prompt)]
+        if len(out) >= n:
+            return out[:n]
+    raise ValueError(f"found {len(out)} of {n} held-out prompts in the learning half in 50 rounds of draws")
+
+
+def evaluation_examples(task: Task, n: int, seed: int) -> list[Example]:
+    """Up to ``n`` distinct held-out examples whose prompts lie in the other half: what the methods never saw."""
+    return [e for e in distinct_examples(task, "heldout", 2 * n, seed) if not _learning_half(e.prompt)][:n]
 
 
 # -- DPO (001 Part 2 §1; 004 §9.2) ----------------------------------------------------------------------
@@ -318,7 +341,7 @@ class _OwnSamples:
     def prepare(self, model: nn.Module, batch: Batch, step: int) -> Batch:
         if step == 1:
             task = make_task(self.recipe.task)
-            examples = task.examples("train", self.stage.n_prompts, seed=self.recipe.seed)
+            examples = preference_examples(task, self.stage.n_prompts, seed=self.recipe.seed)
             rows, self.reference = self.stage.build(model, task.tokenizer(), task, examples, self.recipe)
             if rows.input_ids.shape[0] < self.recipe.batch_size:
                 raise ValueError(f"{type(self.stage).__name__}: the starting model's samples gave "
@@ -343,7 +366,8 @@ def _run(stage, recipe) -> _OwnSamples:
 @dataclass(frozen=True)
 class _FromOwnSamples:
     """The stage interface (:class:`halluc_lab.recipe_cache.Stage`) of a stage that learns from the starting
-    model's samples: a recipe's ``n_prompts`` train prompts (its seed), ``build`` turning them into rows."""
+    model's samples: ``n_prompts`` prompts of :func:`preference_examples` (the recipe's seed), ``build`` turning
+    them into rows."""
 
     def rows(self, recipe) -> Batch:
         raise ValueError(f"{type(self).__name__} builds its rows from the starting model's samples at the first "
@@ -365,7 +389,7 @@ class DPOTraining(_FromOwnSamples):
     longest pair; ``recipe.seq_len`` does not apply.
     """
 
-    n_prompts: int  # train-split prompts sampled (with the recipe's seed)
+    n_prompts: int  # prompts drawn by preference_examples (with the recipe's seed)
     samples: int = 4  # G completions per prompt, ranked by the verifier
     beta: float = 0.1  # β of the DPO loss
     flip_rate: float = 0.0  # share of preference labels the annotator flips
@@ -397,7 +421,7 @@ class RSFTTraining(_FromOwnSamples):
     stage default, next-token cross-entropy on the kept completions, packed in ``recipe.seq_len`` rows.
     """
 
-    n_prompts: int  # train-split prompts sampled (with the recipe's seed)
+    n_prompts: int  # prompts drawn by preference_examples (with the recipe's seed)
     samples: int = 8  # N completions per prompt
     beta: float | None = None  # None: best of N; a number: the soft rule's temperature β
     lam: float = 1.0  # the verifier's reward: +1 correct, 0 abstained, −λ wrong

@@ -208,6 +208,16 @@ def test_rsft_rows_train_on_the_picked_completions_and_drop_low_rewards():
         rsft_rows(g, torch.tensor([0]), seq_len=16)
 
 
+def test_methods_learn_from_one_half_of_the_held_out_prompts_and_are_measured_on_the_other():
+    task = make_task(ArithmeticConfig(max_digits=2))
+    learn = preference.preference_examples(task, 300, seed=0)
+    assert len(learn) == 300 and learn == preference.preference_examples(task, 300, seed=0)  # seeded
+    assert all(task.split(*task._parse_prompt(e.prompt)) == "heldout" for e in learn)  # no SFT training prompt
+    evaluated = preference.evaluation_examples(task, 100, seed=0)
+    assert len({e.prompt for e in evaluated}) == len(evaluated) > 50  # distinct
+    assert not {e.prompt for e in evaluated} & {e.prompt for e in preference.preference_examples(task, 3000, seed=5)}
+
+
 # -- PPO -----------------------------------------------------------------------------------------------------------
 def test_a_few_ppo_rounds_raise_the_reward_of_a_trivially_learnable_task():
     torch.manual_seed(0)
