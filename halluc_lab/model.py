@@ -233,6 +233,11 @@ def segment_mask(segment_ids: Tensor) -> Tensor:
     return (same & attention.causal_mask(T, device=segment_ids.device))[:, None]  # (B, 1, T, T)
 
 
+def _capturing(t: Tensor) -> bool:
+    """True inside a CUDA-graph capture or a compiled graph, where a host sync (a value check) cannot run."""
+    return torch.compiler.is_compiling() or (t.is_cuda and torch.cuda.is_current_stream_capturing())
+
+
 def check_logits_to_keep(logits_to_keep: int | Tensor, B: int, T: int, device: torch.device) -> slice | Tensor:
     """Check ``logits_to_keep`` (see :meth:`Transformer.forward`) for ``(B, T)`` inputs: a slice or positions."""
     if isinstance(logits_to_keep, Tensor):
@@ -241,7 +246,7 @@ def check_logits_to_keep(logits_to_keep: int | Tensor, B: int, T: int, device: t
                 index.ndim == 2 and index.shape[0] != B):
             raise ValueError(f"logits_to_keep must be an int, or an int tensor of positions (K,) or ({B}, K), "
                              f"got {index.dtype} {tuple(index.shape)}")
-        if index.numel() and not 0 <= int(index.min()) <= int(index.max()) < T:
+        if index.numel() and not _capturing(index) and not 0 <= int(index.min()) <= int(index.max()) < T:
             raise ValueError(f"logits_to_keep positions must lie in [0, {T - 1}], got {index.tolist()}")
         return index
     if not isinstance(logits_to_keep, int) or isinstance(logits_to_keep, bool) or not 0 <= logits_to_keep <= T:
@@ -356,8 +361,7 @@ class Transformer(nn.Module):
             raise TypeError(f"input_ids must be an int64 or int32 tensor of token ids, got {input_ids.dtype}")
         if input_ids.ndim != 2 or input_ids.shape[1] < 1:
             raise ValueError(f"input_ids must have shape (B, T) with T >= 1, got {tuple(input_ids.shape)}")
-        if (input_ids.numel() == 0 or torch.compiler.is_compiling()
-                or (input_ids.is_cuda and torch.cuda.is_current_stream_capturing())):
+        if input_ids.numel() == 0 or _capturing(input_ids):
             return  # no host sync inside a capture or a compiled graph: the engine checks its tokens itself
         low, high = torch.stack(torch.aminmax(input_ids)).tolist()  # one sync
         V = self.config.vocab_size

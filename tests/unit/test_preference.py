@@ -390,14 +390,20 @@ def test_a_dpo_stage_trains_on_cuda_with_its_step_captured_and_twice_gives_the_s
 
 
 @pytest.mark.gpu
-def test_ppo_runs_on_cuda_through_the_engines_captured_decode():
+def test_ppo_runs_on_cuda_through_the_engines_captured_decode_and_repeats_exactly_with_deterministic_kernels():
+    from halluc_lab.device import deterministic
+
     cuda = torch.device("cuda")
-    policy = small_transformer(V, seed=1).to(cuda).train()
-    reference = copy.deepcopy(policy).eval()
     reward = lambda prompts, completions: [sum(t == GOOD for t in c) / len(c) for c in completions]
     cfg = PPOConfig(iterations=6, prompts_per_iteration=4, samples_per_prompt=8, max_new_tokens=4, lr=1e-2,
                     value_lr=1e-2, kl_coef=0.01)
-    hist = ppo(policy, reference, RewardModel.from_lm(policy), [[BOS, 5], [BOS, 6], [BOS, 7], [BOS, 8]], reward, cfg,
-               pad_id=PAD, seed=0)
+    runs = []
+    for _ in range(2):
+        policy = small_transformer(V, seed=1).to(cuda).train()
+        with deterministic():
+            runs.append(ppo(policy, copy.deepcopy(policy).eval(), RewardModel.from_lm(policy),
+                            [[BOS, 5], [BOS, 6], [BOS, 7], [BOS, 8]], reward, cfg, pad_id=PAD, seed=0))
+    hist = runs[0]
     assert sum(hist.reward[-2:]) / 2 > sum(hist.reward[:2]) / 2 + 0.3
     assert all(math.isfinite(x) for x in hist.kl_k3 + hist.value_loss)
+    assert runs[0] == runs[1]  # every recorded number, bit for bit

@@ -123,3 +123,16 @@ def test_bad_input_is_rejected_with_a_clear_error():
         reward_correlation(rm, [[BOS]] * 3, [[5], [6], [7]], [1.0, 1.0, 1.0], PAD)
     with pytest.raises(ValueError, match="one reward per sequence"):
         reward_correlation(rm, [[BOS]] * 3, [[5], [6], [7]], [1.0, 0.0], PAD)
+
+
+@pytest.mark.gpu
+def test_a_reward_model_trains_on_cuda_with_its_step_captured_as_eagerly():
+    cuda = torch.device("cuda")
+    rows = pair_rows(*separable_pairs(64), PAD).to(cuda)
+    cfg = TrainConfig(steps=30, lr=3e-3, warmup_steps=3, log_every=10)
+    runs = {}
+    for captured in (True, False):  # the score is read at positions chosen per row: no host sync in the capture
+        rm = RewardModel.from_lm(small_transformer(V)).to(cuda)
+        runs[captured] = train(rm, batches(rows, 16, seed=0), cfg, loss=BradleyTerryLoss(), cuda_graph=captured).loss
+    assert runs[True] == pytest.approx(runs[False], rel=1e-4, abs=1e-5)
+    assert runs[True][-1] < runs[True][0]
