@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 TORCH_VERSION ?= 2.13.0
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup book test lab reproduce bench sweep browser clean
+.PHONY: setup book serve test lab reproduce bench sweep browser clean
 
 setup: $(STAMP)
 
@@ -34,7 +34,13 @@ browser:
 
 book: setup
 	$(VENV)/bin/jupyter-book build .
-	@echo "open _build/html/index.html"
+	@echo "open _build/html/index.html, or: make serve"
+
+# The built book over HTTP on this machine only (search and the explorers work as they do online).
+PORT ?= 8000
+serve: book
+	@echo "serving the book at http://127.0.0.1:$(PORT)/ (Ctrl-C stops)"
+	$(PY) -m http.server $(PORT) --bind 127.0.0.1 --directory _build/html
 
 test: setup browser
 	$(PY) -m pytest

@@ -1,7 +1,11 @@
 """The rendered book: builds without warnings in our files, reads offline, typesets math,
 loads every image, and its sliders change what is shown (ARCHITECTURE.md §7, §9)."""
 
+import html.parser
 import re
+import urllib.error
+import urllib.parse
+import urllib.request
 
 import pytest
 
@@ -78,3 +82,48 @@ def test_every_slider_changes_what_is_shown(open_page, path):
             assert after != before, f"explorer {i}, slider {j} on {path} changed nothing"
             slider.fill(current)  # back to its initial value: controls can interact (top-k 1 hides top-p)
             assert explorer.locator(".hl-figure").inner_html() == before
+
+
+class _Links(html.parser.HTMLParser):
+    """The href and src of every element of a page."""
+
+    def __init__(self):
+        super().__init__()
+        self.targets: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        self.targets += [v for k, v in attrs if k in ("href", "src") and v]
+
+
+def test_every_internal_link_of_the_served_site_resolves(book, server):
+    """What a reader of the published site follows: every page's links, styles, scripts and images."""
+    # every page, not the theme's HTML templates under _static
+    urls, pages = set(), sorted(p for p in book.html.rglob("*.html") if "_static" not in p.parts)
+    assert len(pages) >= len(PAGES)
+    for page in pages:
+        parser = _Links()
+        parser.feed(page.read_text(encoding="utf-8"))
+        base = f"{server}/{page.relative_to(book.html).as_posix()}"
+        for target in parser.targets:
+            if urllib.parse.urlsplit(target).scheme or target.startswith(("#", "//")):
+                continue  # another site (the reader's browser fetches it, or the offline test flags it)
+            urls.add(urllib.parse.urldefrag(urllib.parse.urljoin(base, target)).url)
+    assert len(urls) > 50  # the pages, their assets and the navigation between them
+    broken = []
+    for url in sorted(urls):
+        try:
+            with urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=10) as r:
+                ok = r.status == 200
+        except urllib.error.URLError:
+            ok = False
+        if not ok:
+            broken.append(url.removeprefix(server))
+    assert not broken, f"{len(broken)} of {len(urls)} internal links do not resolve: {broken[:20]}"
+
+
+def test_search_on_the_served_site_finds_a_chapter(open_page, offsite_requests):
+    page = open_page("search.html?q=Bradley")
+    page.wait_for_function("() => document.querySelectorAll('#search-results li').length > 0", timeout=30_000)
+    hits = page.eval_on_selector_all("#search-results li a", "links => links.map(a => a.getAttribute('href'))")
+    assert any("09_preference" in h for h in hits), f"search for 'Bradley' did not find chapter 9: {hits[:10]}"
+    assert not offsite_requests

@@ -28,6 +28,7 @@ def test_where_beta_sits_the_documents_disagree_and_the_loss_is_rafailovs(glue):
 def test_dpo_reaches_the_kl_optimum_and_best_of_n_does_not(glue):
     assert glue["pref_toy_dpo_kl_exact"] < 1e-6  # the expected DPO loss is minimised at π*
     assert glue["pref_toy_dpo_kl"] < 0.01  # and 100,000 sampled pairs come close
+    assert glue["pref_toy_dpo_rm_gap"] < 1e-6  # its implicit reward is the Bradley–Terry fit of the same pairs
     soft, bon = glue["pref_toy_soft_tv"], glue["pref_toy_bon_tv"]
     assert soft[-1] < 0.01 and soft[-1] < soft[0]  # the soft rule tends to π_ref·exp(R/β)/Z
     assert bon[-1] == pytest.approx(glue["pref_toy_bon_limit_tv"], abs=1e-3) and bon[-1] > 0.1  # best-of-N does not
