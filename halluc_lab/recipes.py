@@ -166,7 +166,7 @@ class TaskPlan:
     sft: SFT  # the task's clean SFT: examples drawn, pre-training replay
     steps: Mapping[str, int]  # optimizer steps per stage; a stage not listed makes one pass over its rows
     parents: Mapping[str, str] = field(default_factory=dict)  # stage -> the stage it starts from, if not the usual
-    preference_prompts: int | None = None  # train prompts the preference stages sample from (None: no such stage)
+    preference_prompts: int | None = None  # prompts the preference stages learn from (held-out, learning half)
 
 
 @dataclass(frozen=True)
