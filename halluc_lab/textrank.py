@@ -38,6 +38,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from halluc_lab.lexical import cooccurrence_counts
+
 
 class PageRankResult(NamedTuple):
     """The outcome of :func:`pagerank`."""
@@ -124,15 +126,11 @@ def cooccurrence_graph(documents: Sequence[str | Sequence[Hashable]], window: in
         words = list(vocabulary)
         if len(set(words)) != len(words):
             raise ValueError("vocabulary lists a word twice")
-    index = {word: i for i, word in enumerate(words)}
-    weights = np.zeros((len(words), len(words)), dtype=np.float64)
-    for doc in docs:
-        kept = [index[t] for t in doc if t in index]
-        for s, a in enumerate(kept):
-            for b in kept[s + 1:s + window]:
-                if a != b:
-                    weights[a, b] += 1
-                    weights[b, a] += 1
+    known = set(words)
+    # lexical's forward counts (y within window − 1 tokens after x), made symmetric, without self-links
+    forward = cooccurrence_counts([[t for t in doc if t in known] for doc in docs], words, window=window - 1)
+    weights = (forward + forward.T).astype(np.float64)
+    np.fill_diagonal(weights, 0.0)
     return words, weights
 
 
