@@ -11,13 +11,18 @@ import argparse
 import datetime
 import json
 import platform
+import sys
 import time
+import traceback
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 
 from halluc_lab.model import ModelConfig
+
+T = TypeVar("T")
 
 # The two sizes of the brief: tiny (hidden 128, 4 layers, 4 heads, 2 KV heads, vocab 512) and small.
 SIZES = {
@@ -71,12 +76,17 @@ def best_time(fn: Callable[[], object], device: torch.device, repeats: int) -> f
     return best
 
 
-def attempt(fn: Callable[[], float]) -> float | str:
-    """Run a measurement; a peer that fails (an API missing on this version) gives its error instead."""
+def attempt(fn: Callable[[], T], name: str = "") -> T | str:
+    """Run a measurement; a peer that fails (an API missing on this version) gives its error instead.
+    With a ``name``, the failure's traceback also goes to stderr under it."""
     try:
         return fn()
     except Exception as error:  # noqa: BLE001 - a failing peer must not stop the other measurements
-        return f"failed: {type(error).__name__}: {str(error).splitlines()[0][:80]}"
+        if name:
+            print(f"\n{name} failed:", file=sys.stderr)
+            traceback.print_exc()
+        first = str(error).splitlines()[0][:80] if str(error) else ""
+        return f"failed: {type(error).__name__}: {first}"
 
 
 def ratio(a: float | str, b: float | str) -> float | str:

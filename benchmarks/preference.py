@@ -70,12 +70,11 @@ import statistics
 import sys
 import tempfile
 import time
-import traceback
 import warnings
 
 import torch
 
-from common import environment, fmt, ratio, synchronize, write_json
+from common import attempt, environment, fmt, ratio, synchronize, write_json
 from halluc_lab import recipes
 from halluc_lab.data import batches
 from halluc_lab.device import deterministic
@@ -108,16 +107,6 @@ class Clock:
         ms = 1000 * statistics.median(gaps)
         return {"ms": ms, "per_s": 1000 / ms, "n": len(gaps), "min_ms": 1000 * min(gaps),
                 "max_ms": 1000 * max(gaps), **extra}
-
-
-def measure(name: str, fn) -> dict | str:
-    """Run one side's measurement; a failure is reported (traceback on stderr) and the others still run."""
-    try:
-        return fn()
-    except Exception as error:  # noqa: BLE001 - one failing side must not lose the other measurements
-        print(f"\n{name} failed:", file=sys.stderr)
-        traceback.print_exc()
-        return f"failed: {type(error).__name__}: {str(error).splitlines()[0][:80] if str(error) else ''}"
 
 
 # -- data ---------------------------------------------------------------------------------------------
@@ -330,13 +319,14 @@ def main(argv=None) -> dict:
         save_pretrained(model, hf_dir, bos_token_id=tok.bos_id, eos_token_id=tok.eos_id, pad_token_id=tok.pad_id)
         tok.save(hf_dir)
         results = {
-            "DPO step": (measure("lab DPO", lambda: lab_dpo(model, pairs, B, beta, lr, device, dtype, warmup, dpo_steps)),
-                         measure("TRL DPO", lambda: trl_dpo(trl, hf_dir, tok, pairs, B, beta, lr, device, warmup,
-                                                            dpo_steps))),
-            "RL iteration": (measure("lab PPO", lambda: lab_rl(model, tok, task, prompts, cfg, device, dtype, warmup,
-                                                               rl_iters)),
-                             measure("TRL RLOO", lambda: trl_rl(trl, hf_dir, tok, task, prompts, cfg, device, warmup,
-                                                                rl_iters)))}
+            "DPO step": (attempt(lambda: lab_dpo(model, pairs, B, beta, lr, device, dtype, warmup, dpo_steps),
+                                 name="lab DPO"),
+                         attempt(lambda: trl_dpo(trl, hf_dir, tok, pairs, B, beta, lr, device, warmup, dpo_steps),
+                                 name="TRL DPO")),
+            "RL iteration": (attempt(lambda: lab_rl(model, tok, task, prompts, cfg, device, dtype, warmup, rl_iters),
+                                     name="lab PPO"),
+                             attempt(lambda: trl_rl(trl, hf_dir, tok, task, prompts, cfg, device, warmup, rl_iters),
+                                     name="TRL RLOO"))}
 
     env = {**environment(device), "trl": trl.__version__, "datasets": datasets.__version__}
     get = lambda r, k: r[k] if isinstance(r, dict) else r  # a failed side's entry is its error
