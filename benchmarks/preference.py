@@ -25,7 +25,7 @@ A step's time: between consecutive optimizer steps (TRL: a callback at each step
 synchronised, the batch's gathering or collation included; the median after the warm-up steps.
 
 **RL iteration** (rollouts + update). TRL 1.16 has no PPO trainer; RLOO is the closest to the
-lab's :func:`halluc_lab.preference.ppo`: like it, RLOO subtracts β × Σ_t (log π − log π_ref) (the
+lab's :func:`halluc_lab.rlhf.ppo`: like it, RLOO subtracts β × Σ_t (log π − log π_ref) (the
 k1 KL estimate) from the reward, recomputes π_old's log-probs with a forward pass, and optimises the
 clipped ratio objective over several passes of minibatches; it only replaces the value model and GAE
 by the leave-one-out baseline (so it does less work per iteration than PPO). GRPO puts the KL in the
@@ -37,9 +37,9 @@ minibatches optimizer steps (RLOO: ``num_iterations`` × ``steps_per_generation`
 completions as text decoded with ``skip_special_tokens=True``, which drops ``<abstain>`` and
 ``<bksp>`` and would change the verdict, so its reward function decodes the ``completion_ids`` TRL
 also passes with the lab's tokenizer. TRL generates with transformers' ``generate`` (dynamic cache,
-no vLLM); the lab with its engine (a CUDA graph of the decode step on CUDA). The lab's ``ppo`` runs
-under bf16 autocast with the weight-cast cache off (``halluc_lab.step.autocast``), as the lab's
-training step does. An iteration's time: between consecutive calls of the reward function (one per
+no vLLM); the lab with its engine (a CUDA graph of the decode step on CUDA), and replays the round's
+scoring and each minibatch update as CUDA graphs, under bf16 autocast (``ppo(..., autocast_dtype=)``) with
+deterministic kernels, as its recipe stage runs. An iteration's time: between consecutive calls of the reward function (one per
 rollout batch: the update of one iteration and the rollouts of the next); the median after warm-up.
 
 Targets (the issue): lab ≥ 2× TRL's DPO step, ≥ 5× its RL iteration. Timings are never asserted.
@@ -80,8 +80,9 @@ from halluc_lab.data import batches
 from halluc_lab.device import deterministic
 from halluc_lab.hf_convert import save_pretrained
 from halluc_lab.model import Transformer
-from halluc_lab.preference import (DPOLoss, PPOConfig, PreferencePairs, RewardModel, VerifierReward,
-                                   ppo, precompute_reference_logps, sample_groups)
+from halluc_lab.preference import DPOLoss, PreferencePairs, VerifierReward, precompute_reference_logps, sample_groups
+from halluc_lab.reward_model import RewardModel
+from halluc_lab.rlhf import PPOConfig, ppo
 from halluc_lab.step import CapturedStep, EagerStep, autocast, make_optimizer
 from halluc_lab.tasks import make_task
 from halluc_lab.train import TrainConfig
@@ -160,9 +161,9 @@ def lab_rl(model, tok, task, prompts: list[str], cfg: PPOConfig, device, dtype, 
         return verifier(prompt_ids, completion_ids)
 
     ids = [[tok.bos_id, *tok.encode(p)] for p in prompts]
-    with autocast(device, dtype):  # no weight-cast cache: the weights change between forwards
+    with deterministic():  # as the PPO recipe stage runs it
         ppo(policy, reference, value, ids, reward, dataclasses.replace(cfg, iterations=warmup + iterations + 1),
-            pad_id=tok.pad_id, seed=0, stop_tokens=(tok.eos_id,))
+            pad_id=tok.pad_id, seed=0, stop_tokens=(tok.eos_id,), autocast_dtype=dtype)
     return clock.summary(warmup, mean_completion=sum(lengths) / len(lengths))
 
 

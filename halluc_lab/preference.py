@@ -1,5 +1,5 @@
-"""Learning from preferences and rewards: preference pairs from the policy's own samples, DPO, RSFT
-(best-of-N and its soft variant) and RLHF's PPO with a KL penalty — one task, one verifier.
+"""Learning from preferences: preference pairs from the policy's own samples, DPO and RSFT (best-of-N and
+its soft variant) — one task, one verifier. RLHF's PPO is :mod:`halluc_lab.rlhf`.
 
 Chapter 9. Sources: 001 Part 2 §1 (the reward model, the KL-regularised objective, DPO and its
 Remark), §2 (RSFT and its N → ∞ claim), the "unified view"; 004 §9.1–9.2 (Bradley–Terry, eq. 9.1);
@@ -16,7 +16,6 @@ callable for :func:`halluc_lab.train.train` or one plain loop::
     pairs = precompute_reference_logps(sft, build_pairs(groups, flip_rate=0.1, seed=0))  # π_ref, once
     train(policy, batches(pairs.rows(), 32, seed=0), cfg, loss=DPOLoss(0.1, pairs.reference))
     rows = rsft_rows(groups, best_of_n(groups.rewards), seq_len=64)           # then SFT on them
-    ppo(policy, sft, RewardModel.from_lm(sft), prompts, VerifierReward(task, tok), PPOConfig(), pad_id=0, seed=0)
 
 Design. A pair is one packed row (:func:`~halluc_lab.reward_model.pair_rows`), so rows stay whole
 under shuffling, micro-batching and CUDA-graph capture. DPO's reference log-probs are computed once,
@@ -37,30 +36,23 @@ Where the code departs from the documents:
 - 001 writes the reward at the optimum as R = β⁻¹ log(π/π_ref) + C (it is β log(π/π_ref) + β log Z) and
   its Bradley–Terry step as σ(β(R⁺ − R⁻)); its Remark, multiplying the two, drops β, its loss keeps it.
   The loss here is Rafailov et al.'s eq. 7 (:func:`~halluc_lab.losses.dpo_loss`): σ(β Δ log-ratio).
-- PPO: the KL penalty enters the reward per token as k1 = log π − log π_ref (the documents' "token-level
-  log-probability regularisation"; InstructGPT's), k3 is reported beside it; the task reward is added
-  at the last token. Advantages are GAE (γ, λ) against a separate value model, whitened per rollout
-  batch; π_old's log-probs are recomputed by a forward pass rather than taken from the engine, so the
-  first ratio is exactly 1. Rollouts sample at temperature 1: anything else is not π's distribution.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from functools import lru_cache
 
 import torch
 from torch import nn
 
-from halluc_lab.data import IGNORE, Batch, Encoded, batches, pack, rollout_batch
-from halluc_lab.engine import generate
-from halluc_lab.losses import dpo_loss, gae_advantages, kl_estimates, ppo_clipped_objective, token_logprobs
-from halluc_lab.progress import progress
-from halluc_lab.reward_model import (LearnedReward, check_rate, PreferencePairs, Reward, RewardModel, SampleGroups,  # noqa: F401
-                                     VerifierReward, build_pairs, pair_index, pair_masks, rank_pairs, sample_groups)
+from halluc_lab.data import IGNORE, Batch, Encoded, batches, pack
+from halluc_lab.losses import dpo_loss, token_logprobs
+from halluc_lab.reward_model import (check_rate, PreferencePairs, SampleGroups, VerifierReward,  # noqa: F401 (re-exported)
+                                     build_pairs, pair_index, pair_masks, rank_pairs, sample_groups)
 from halluc_lab.evaluate import distinct_examples, model_device
 from halluc_lab.tasks import Example, Task, make_task
 from halluc_lab.tasks.base import check_count, split_of
@@ -187,135 +179,6 @@ def rsft_rows(groups: SampleGroups, picks: torch.Tensor, seq_len: int, *, min_re
     if not seqs:
         raise ValueError(f"no pick has a reward >= min_reward={min_reward}: nothing to fine-tune on")
     return pack(seqs, seq_len, groups.pad_id)
-
-
-# -- RLHF: PPO with a KL penalty to the reference (001 Part 2 §1.B; Schulman et al. 2017) -----------------
-@dataclass(frozen=True)
-class PPOConfig:
-    """One PPO run: rounds of rollouts, each followed by a few epochs of clipped updates."""
-
-    iterations: int = 20  # rounds of rollouts then updates
-    prompts_per_iteration: int = 16  # prompts drawn per round (in a seeded order, cycling)
-    samples_per_prompt: int = 4  # rollouts per prompt: one prefill, G continuations
-    max_new_tokens: int = 16  # the answer budget
-    epochs: int = 2  # passes over each round's rollouts
-    minibatches: int = 2  # optimizer steps per epoch
-    clip: float = 0.2  # ε of the clipped ratio
-    kl_coef: float = 0.05  # β: weight of the per-token KL penalty (k1) in the reward
-    gamma: float = 1.0  # discount γ
-    gae_lambda: float = 0.95  # λ of GAE (1: Monte-Carlo returns minus the value)
-    lr: float = 1e-4  # the policy's AdamW rate
-    value_lr: float = 1e-4  # the value model's AdamW rate
-    grad_clip: float = 1.0  # global gradient-norm clip, each model
-
-    def __post_init__(self):
-        for name in ("iterations", "prompts_per_iteration", "samples_per_prompt", "max_new_tokens", "epochs",
-                     "minibatches"):
-            check_count(name, getattr(self, name), 1)
-        for name in ("clip", "lr", "value_lr", "grad_clip"):
-            _check_positive(name, getattr(self, name))
-        if not (self.kl_coef >= 0 and math.isfinite(self.kl_coef)):
-            raise ValueError(f"kl_coef must be a finite number >= 0, got {self.kl_coef!r}")
-        check_rate("gamma", self.gamma)
-        check_rate("gae_lambda", self.gae_lambda)
-
-
-@dataclass
-class PPOHistory:
-    """Per round, means over its rollouts."""
-
-    reward: list[float] = field(default_factory=list)  # the task reward R (without the KL penalty)
-    kl_k1: list[float] = field(default_factory=list)  # Σ_t k1 per completion: the penalised KL estimate
-    kl_k3: list[float] = field(default_factory=list)  # Σ_t k3 per completion: unbiased, ≥ 0 per token
-    length: list[float] = field(default_factory=list)  # completion tokens
-    clip_fraction: list[float] = field(default_factory=list)  # share of token updates with the ratio off [1 ± ε]
-    value_loss: list[float] = field(default_factory=list)  # ½ (V − return)² per token, the round's last minibatch
-
-
-@torch.no_grad()
-def _rollout(policy, reference, value, prompts, reward, cfg, stop_tokens, pad_id, generator) -> dict:
-    """Sample, score, and turn the scores into per-token rewards, advantages and returns."""
-    policy.eval()
-    res = generate(policy, prompts, cfg.max_new_tokens, stop_tokens=stop_tokens, generator=generator,
-                   n_samples=cfg.samples_per_prompt)
-    completions = res.token_lists()
-    repeated = [list(p) for p in prompts for _ in range(cfg.samples_per_prompt)]
-    batch = rollout_batch(repeated, completions, pad_id).to(model_device(policy))
-    mask = batch.labels[:, 1:] != IGNORE  # (B, T-1) the tokens the policy chose
-    logp_old = token_logprobs(policy(batch.input_ids), batch.labels)  # (B, T-1)
-    kl = kl_estimates(logp_old, token_logprobs(reference(batch.input_ids), batch.labels), mask)
-    values = value(batch.input_ids)[:, :-1].float() * mask  # (B, T-1) V(s_t), s_t: the context before token t+1
-    scores = [float(r) for r in reward(repeated, completions)]
-    if len(scores) != len(completions) or not all(math.isfinite(r) for r in scores):
-        raise ValueError(f"reward must return one finite number per completion ({len(completions)}), got {scores[:8]}")
-    rewards = -cfg.kl_coef * kl.k1  # (B, T-1) the KL penalty per token, InstructGPT's
-    last = mask.long().cumsum(1).argmax(1)  # (B,) each row's last completion token
-    rewards[torch.arange(len(scores), device=rewards.device), last] += torch.tensor(scores, device=rewards.device)
-    adv, returns = gae_advantages(rewards, values, mask, cfg.gamma, cfg.gae_lambda)
-    mean = adv[mask].mean()
-    adv = torch.where(mask, (adv - mean) / (adv[mask].std(unbiased=False) + 1e-8), 0.0)  # whitened per round
-    return {"batch": batch, "mask": mask, "logp_old": logp_old, "adv": adv, "returns": returns, "scores": scores,
-            "k1": kl.k1.sum(1).mean().item(), "k3": kl.k3.sum(1).mean().item(),
-            "length": res.lengths.float().mean().item()}
-
-
-def _update(policy, value, r: dict, cfg, optimizers, generator) -> tuple[float, float]:
-    """``cfg.epochs`` passes of clipped policy updates and value regression; (clip fraction, value loss)."""
-    policy.train()
-    value.train()
-    clipped = tokens = 0
-    for _ in range(cfg.epochs):
-        for idx in torch.randperm(len(r["scores"]), generator=generator).chunk(cfg.minibatches):
-            idx = idx.to(r["mask"].device)
-            b, m = r["batch"][idx], r["mask"][idx]
-            n = m.sum().clamp_min(1)
-            logp = token_logprobs(policy(b.input_ids), b.labels)  # (b, T-1)
-            objective = ppo_clipped_objective(logp, r["logp_old"][idx], r["adv"][idx], m, cfg.clip)
-            v = value(b.input_ids)[:, :-1].float()  # (b, T-1)
-            value_loss = 0.5 * (((v - r["returns"][idx]) ** 2) * m).sum() / n
-            for opt in optimizers:
-                opt.zero_grad(set_to_none=True)
-            (-objective.sum() / n + value_loss).backward()  # two models, two losses: one backward serves both
-            for model, opt in zip((policy, value), optimizers):
-                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-                opt.step()
-            with torch.no_grad():
-                clipped += int((((logp - r["logp_old"][idx]).exp() - 1).abs() > cfg.clip)[m].sum())
-                tokens += int(m.sum())
-    return clipped / max(tokens, 1), float(value_loss.detach())
-
-
-def ppo(policy: nn.Module, reference: nn.Module, value: RewardModel, prompts: Sequence[Sequence[int]], reward: Reward,
-        cfg: PPOConfig, *, pad_id: int, seed: int, stop_tokens: Sequence[int] = (), desc: str = "ppo") -> PPOHistory:
-    """RLHF's policy optimisation: maximise E[R(x, y)] − β KL(π ‖ π_ref) with PPO (see the module docstring).
-
-    ``policy`` is trained in place; ``reference`` (a frozen copy of the starting policy) scores the KL
-    penalty; ``value`` (e.g. :meth:`RewardModel.from_lm` of the policy, or a trained reward model) is fit to
-    the returns. ``prompts``: token ids, ``<bos>`` first; ``reward``: a :data:`~halluc_lab.reward_model.Reward`,
-    the gold :class:`VerifierReward` or RLHF's :class:`LearnedReward`. Sampling and minibatch order follow ``seed``.
-    """
-    if reference is policy or value is policy:
-        raise ValueError("reference and value must be models of their own (the reference a frozen copy of the policy)")
-    if not prompts:
-        raise ValueError("prompts must hold at least one prompt")
-    order_g, sample_g = torch.Generator().manual_seed(seed), torch.Generator(device=model_device(policy)).manual_seed(seed)
-    optimizers = [torch.optim.AdamW(m.parameters(), lr=lr, weight_decay=0.0)
-                  for m, lr in ((policy, cfg.lr), (value, cfg.value_lr))]
-    was_training = policy.training
-    reference.eval()
-    order, hist = [], PPOHistory()
-    for _ in progress(range(cfg.iterations), desc=desc):
-        while len(order) < cfg.prompts_per_iteration:
-            order += torch.randperm(len(prompts), generator=order_g).tolist()
-        todo, order = order[:cfg.prompts_per_iteration], order[cfg.prompts_per_iteration:]
-        r = _rollout(policy, reference, value, [prompts[i] for i in todo], reward, cfg, tuple(stop_tokens), pad_id,
-                     sample_g)
-        clip_fraction, value_loss = _update(policy, value, r, cfg, optimizers, order_g)
-        for name, v in (("reward", sum(r["scores"]) / len(r["scores"])), ("kl_k1", r["k1"]), ("kl_k3", r["k3"]),
-                        ("length", r["length"]), ("clip_fraction", clip_fraction), ("value_loss", value_loss)):
-            getattr(hist, name).append(v)
-    policy.train(was_training)
-    return hist
 
 
 # -- recipe stages: DPO and RSFT on the starting model's own samples ---------------------------------------

@@ -6,11 +6,14 @@ the training goes through — and trains a recipe once and loads it afterwards (
 any notebook runs alone, in any order.
 
 **A stage** is a frozen dataclass that owns how its data are assembled and what its training
-needs; the cache calls four methods and nothing else: ``rows(recipe)`` (every packed row it trains
-on), ``data(recipe, device)`` (``step -> Batch``, seeded draws from the rows, so a resumed run sees
-what an uninterrupted one would), ``prepare(recipe)`` (``prepare(model, batch, step) -> batch``
-before each step, or None) and ``loss(recipe)`` (``loss(model, batch) -> (summed loss, count)``).
-A preference or RL stage (chapters 9–10) is one more dataclass: no loop, table or branch changes.
+needs; the cache calls one method, ``fit(recipe, model, device, dtype, checkpoints) -> History``,
+whose default runs :func:`halluc_lab.train.train` over four more: ``rows(recipe)`` (every packed row
+it trains on), ``data(recipe, device)`` (``step -> Batch``, seeded draws from the rows, so a resumed
+run sees what an uninterrupted one would), ``prepare(recipe)`` (``prepare(model, batch, step) ->
+batch`` before each step, or None) and ``loss(recipe)`` (``loss(model, batch) -> (summed loss,
+count)``). A preference stage (DPO, RSFT) is one more dataclass of those four; an RL stage, whose
+training is rounds of rollouts and updates, overrides ``fit`` (:class:`halluc_lab.rlhf.PPOTraining`):
+no loop, table or branch of the cache changes.
 
 **Where.** Entries live in ``$HALLUC_CACHE/recipes/<name>/<key>/`` (without ``$HALLUC_CACHE``,
 in ``$XDG_CACHE_HOME/halluc_lab`` or ``~/.cache/halluc_lab``), each beside a ``<key>.lock`` file:
@@ -136,6 +139,14 @@ class Stage:
     def loss(self, recipe: Recipe) -> Loss:
         """The loss the loop minimises: next-token cross-entropy on the batch's labels."""
         return NextTokenLoss()
+
+    def fit(self, recipe: Recipe, model: nn.Module, device: torch.device, dtype: torch.dtype,
+            checkpoints: str) -> History:
+        """Train ``model`` in place (resuming from ``checkpoints``); its history. By default the loss-agnostic
+        loop over :meth:`data`, :meth:`prepare` and :meth:`loss`; a stage that is not one loss minimised step by
+        step (PPO's rounds of rollouts and updates) overrides this instead."""
+        return train(model, self.data(recipe, device), recipe.train, checkpoint_dir=checkpoints, resume=True,
+                     loss=self.loss(recipe), prepare=self.prepare(recipe), autocast_dtype=dtype, desc=recipe.name)
 
 
 # -- the key: the recipe and the code it uses -------------------------------------------------------
@@ -357,10 +368,7 @@ def _run(recipe: Recipe, checkpoints: str, device: torch.device, dtype: torch.dt
         model = Transformer(recipe.model, seed=recipe.seed).to(device)
     else:
         model = load_recipe(recipe.parent, device, dtype, verbose=verbose).model
-    stage = recipe.stage
-    hist = train(model, stage.data(recipe, device), recipe.train, checkpoint_dir=checkpoints, resume=True,
-                 loss=stage.loss(recipe), prepare=stage.prepare(recipe), autocast_dtype=dtype, desc=recipe.name)
-    return model, hist
+    return model, recipe.stage.fit(recipe, model, device, dtype, checkpoints)
 
 
 def _train(recipe: Recipe, path: str, device: torch.device, dtype: torch.dtype, verbose: bool) -> None:

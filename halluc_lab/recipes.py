@@ -12,8 +12,8 @@ shape, the optimisation, the stage and the recipe whose weights it starts from::
 
 **Stages** own how their data are assembled and what their training needs (the :class:`Stage`
 interface): :class:`Pretraining` (chapter 7), :class:`SFT` (chapter 8), :class:`DPO` and :class:`RSFT`
-(chapter 9, which learn from the starting model's own samples ranked by the task's verifier); nothing
-chooses a stage by its name. Sources: 000 §5.4 (completion-only loss), §5.7 (packing), §7.3 (backspace
+(chapter 9, which learn from the starting model's own samples ranked by the task's verifier) and
+:class:`PPO` (chapter 9: on the verifier, or RLHF on a reward model); nothing chooses a stage by its name. Sources: 000 §5.4 (completion-only loss), §5.7 (packing), §7.3 (backspace
 demonstrations); 002 ("Scheduled Sampling"); 001 Part 2 §1–2 (DPO, RSFT).
 
 **Names** are ``<task>-<stage>`` with task in :data:`TASKS` and stage in :data:`STAGES`, each at both
@@ -44,11 +44,12 @@ from halluc_lab.model import ModelConfig
 from halluc_lab.preference import DPOTraining, RSFTTraining
 from halluc_lab.recipe_cache import (SCALES, CacheWarning, Prepare, Recipe, Stage, Trained, cache_root,
                                      code_fingerprint, code_modules, directory, key, load_recipe, used, with_seed)
+from halluc_lab.rlhf import PPOConfig, PPOTraining, RewardModelPlan
 from halluc_lab.sft import BackspaceConfig, backspace_demonstration, scheduled_sampling
 from halluc_lab.tasks import ArithmeticConfig, KBWalkConfig, PathStarConfig, TaskConfig, make_task
 from halluc_lab.train import TrainConfig
 
-__all__ = ["Recipe", "with_seed", "Stage", "Pretraining", "SFT", "ScheduledSampling", "DPO", "RSFT", "get", "NAMES", "TASKS",
+__all__ = ["Recipe", "with_seed", "Stage", "Pretraining", "SFT", "ScheduledSampling", "DPO", "RSFT", "PPO", "get", "NAMES", "TASKS",
            "STAGES", "SCALES", "training_rows", "load", "load_recipe", "Trained", "CacheWarning", "key",
            "directory", "cache_root", "code_modules", "code_fingerprint", "used", "prefetch"]
 
@@ -140,6 +141,12 @@ class RSFT(RSFTTraining, Stage):
     probability softmax(R/β) (chapter 9; :class:`halluc_lab.preference.RSFTTraining` says how)."""
 
 
+@dataclass(frozen=True)
+class PPO(PPOTraining, Stage):
+    """PPO with a KL penalty from the starting model, against the task's verifier or (RLHF) a reward model fit
+    first to the starting model's ranked samples (chapter 9; :class:`halluc_lab.rlhf.PPOTraining` says how)."""
+
+
 @lru_cache(maxsize=4)
 def _pretraining_rows(task: TaskConfig, seq_len: int, seed: int) -> Batch:
     """The task's pre-training corpus (drawn with ``seed``), a document per sequence, packed in rows of ``seq_len``."""
@@ -167,6 +174,8 @@ class TaskPlan:
     steps: Mapping[str, int]  # optimizer steps per stage; a stage not listed makes one pass over its rows
     parents: Mapping[str, str] = field(default_factory=dict)  # stage -> the stage it starts from, if not the usual
     preference_prompts: int | None = None  # prompts the preference stages learn from (held-out, learning half)
+    ppo: PPOConfig | None = None  # the PPO stages' rounds (their steps and rate come from the tables here)
+    reward_model: RewardModelPlan | None = None  # how RLHF fits its reward model
 
 
 @dataclass(frozen=True)
@@ -219,12 +228,24 @@ STAGE_PLANS = {
                         seed=2),
     "rsft-soft": _preference(lambda plan: RSFT(plan.preference_prompts, samples=8, beta=1.0),
                              lr={"smoke": 3e-4, "full": 1e-4}, seed=2),
+    # PPO, β = 0.1, against the verifier (001 Part 2 §3: a reward that cannot be gamed) and against a reward
+    # model fit to the same 8 samples per prompt that DPO ranks, a tenth of the labels flipped (RLHF).
+    "ppo": _preference(lambda plan: PPO(plan.preference_prompts, plan.ppo), lr={"smoke": 3e-4, "full": 2e-5}, seed=2),
+    "rlhf": _preference(lambda plan: PPO(plan.preference_prompts, plan.ppo, reward_model=plan.reward_model),
+                        lr={"smoke": 3e-4, "full": 2e-5}, seed=2),
 }
 STAGES = tuple(STAGE_PLANS)
 _SFT_STAGES = ("sft-clean", "sft-backspace", "sft-scheduled")
 # Chapter 9's stages on kb_walk and arithmetic, about three passes over their rows: DPO's pairs (one per prompt
 # whose 8 samples do not all tie) and RSFT's kept samples, packed (about ten to a row).
-_PREFERENCE_STEPS = {"smoke": {"dpo": 40, "rsft": 9, "rsft-soft": 9}, "full": {"dpo": 60, "rsft": 8, "rsft-soft": 8}}
+_PREFERENCE_STEPS = {"smoke": {"dpo": 40, "rsft": 9, "rsft-soft": 9, "ppo": 8},
+                     "full": {"dpo": 60, "rsft": 8, "rsft-soft": 8, "ppo": 48}}
+# PPO's rounds: 64 prompts × 8 rollouts at full scale, 2 epochs of 2 minibatches each (rounds: the steps above).
+_PPO = {"smoke": PPOConfig(prompts_per_iteration=16, samples_per_prompt=8, kl_coef=0.1, value_lr=3e-4),
+        "full": PPOConfig(prompts_per_iteration=64, samples_per_prompt=8, kl_coef=0.1, value_lr=1e-4)}
+_REWARD_MODEL = {"smoke": RewardModelPlan(steps=60, lr=1e-3, batch_size=16), "full": RewardModelPlan()}
+_PREFERENCE = {scale: dict(preference_prompts=n, ppo=_PPO[scale], reward_model=_REWARD_MODEL[scale])
+               for scale, n in (("smoke", 256), ("full", 3072))}
 
 # Pre-training is exactly one pass over the corpus (no "pretrain" in steps), so a rare kb_walk fact is seen
 # 1–3 times. SFT examples drawn: at full scale the 400- and 2,000-step recipes see each about three to five
@@ -232,19 +253,21 @@ _PREFERENCE_STEPS = {"smoke": {"dpo": 40, "rsft": 9, "rsft-soft": 9}, "full": {"
 TASK_PLANS = {
     ("kb_walk", "smoke"): TaskPlan(
         KBWalkConfig(n_entities=24, n_relations=4, common_count=600, facts_per_document=7, max_hops=3),
-        SFT(n_examples=3000, replay_fraction=0.5), {**dict.fromkeys(_SFT_STAGES, 250), **_PREFERENCE_STEPS["smoke"]},
-        preference_prompts=256),
+        SFT(n_examples=3000, replay_fraction=0.5),
+        {**dict.fromkeys(_SFT_STAGES, 250), **_PREFERENCE_STEPS["smoke"], "rlhf": _PREFERENCE_STEPS["smoke"]["ppo"]},
+        **_PREFERENCE["smoke"]),
     ("kb_walk", "full"): TaskPlan(
         KBWalkConfig(n_entities=120, n_relations=6, common_count=3400, facts_per_document=7, max_hops=4),
-        SFT(n_examples=50_000, replay_fraction=0.5), {**dict.fromkeys(_SFT_STAGES, 400), **_PREFERENCE_STEPS["full"]},
-        preference_prompts=3072),
+        SFT(n_examples=50_000, replay_fraction=0.5),
+        {**dict.fromkeys(_SFT_STAGES, 400), **_PREFERENCE_STEPS["full"], "rlhf": _PREFERENCE_STEPS["full"]["ppo"]},
+        **_PREFERENCE["full"]),
     ("arithmetic", "smoke"): TaskPlan(
         ArithmeticConfig(max_digits=2, reverse_output=False, n_pretrain_documents=4000, equations_per_document=3),
-        SFT(n_examples=3000), {**dict.fromkeys(_SFT_STAGES, 300), **_PREFERENCE_STEPS["smoke"]}, preference_prompts=256),
+        SFT(n_examples=3000), {**dict.fromkeys(_SFT_STAGES, 300), **_PREFERENCE_STEPS["smoke"]}, **_PREFERENCE["smoke"]),
     ("arithmetic", "full"): TaskPlan(
         ArithmeticConfig(max_digits=3, reverse_output=False, n_pretrain_documents=192_000, equations_per_document=3),
         SFT(n_examples=150_000), {**dict.fromkeys(_SFT_STAGES, 400), **_PREFERENCE_STEPS["full"]},
-        preference_prompts=3072),
+        **_PREFERENCE["full"]),
     # 20 labels at full scale, not more: the edge look-up is learned abruptly, and later the more labels there
     # are (a 4 x 128 model fine-tuned on 30 labels had not learned it after 3,000 steps, on 20 it had by step
     # 1,000; book/results/training.md). Bachmann & Nagarajan train far longer on larger graphs. Hence the most

@@ -26,8 +26,9 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -119,6 +120,43 @@ def make_optimizer(model: nn.Module, cfg, *, capturable: bool = False) -> torch.
                              fused=fused, capturable=capturable)
 
 
+def capture_graph(body: Callable[[], Any], optimizers: Sequence[torch.optim.Optimizer] = (), *,
+                  warmup: int = 2) -> tuple[torch.cuda.CUDAGraph, Any]:
+    """``(graph, outputs)``: ``body()`` captured as a CUDA graph, to be replayed on inputs copied into the
+    tensors it reads. Gradients are set to None first, so the captured backward writes fresh ones.
+
+    ``warmup`` runs on a side stream come first (cuBLAS workspaces, lazy caches and the optimizers' state
+    must exist before a capture); what they did to the parameters and state of ``optimizers`` (capturable
+    ones, their learning rates device tensors) is undone in place — the graph records those addresses — so
+    the first replay is the first real update. ``body`` must not synchronise with the host.
+    """
+    own = [(opt, [p for g in opt.param_groups for p in g["params"]]) for opt in optimizers]
+    params = [p for _, ps in own for p in ps]
+    saved = [p.detach().clone() for p in params]
+    state = {p: {k: v.clone() for k, v in opt.state[p].items()} for opt, ps in own for p in ps if opt.state[p]}
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            for opt in optimizers:
+                opt.zero_grad(set_to_none=True)
+            body()
+    torch.cuda.current_stream().wait_stream(side)
+    with torch.no_grad():
+        for p, before in zip(params, saved):
+            p.copy_(before)
+        for opt, ps in own:
+            for p in ps:
+                for k, v in opt.state[p].items():
+                    v.copy_(state[p][k]) if p in state else v.zero_()
+    for opt in optimizers:
+        opt.zero_grad(set_to_none=True)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = body()
+    return graph, out
+
+
 class EagerStep:
     """One optimizer step run op by op: the readable reference :class:`CapturedStep` replays."""
 
@@ -158,25 +196,7 @@ class CapturedStep(EagerStep):
     def _capture(self, batch: Batch) -> None:
         fields = (batch.input_ids, batch.labels, batch.position_ids, batch.segment_ids)
         self.static = Batch(*(None if t is None else t.clone() for t in fields))
-        params = [p.detach().clone() for p in self.params]
-        state = {p: {k: v.clone() for k, v in self.opt.state[p].items()} for p in self.params if self.opt.state[p]}
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # warm-up: workspaces, lazy caches and the optimizer's state exist
-            for _ in range(2):
-                self.opt.zero_grad(set_to_none=True)
-                self.body(self.static)
-        torch.cuda.current_stream().wait_stream(side)
-        with torch.no_grad():  # undo the warm-up's updates, in place: the graph records these addresses
-            for p, saved in zip(self.params, params):
-                p.copy_(saved)
-            for p in self.params:
-                for k, v in self.opt.state[p].items():
-                    v.copy_(state[p][k]) if p in state else v.zero_()
-        self.opt.zero_grad(set_to_none=True)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.out = self.body(self.static)
+        self.graph, self.out = capture_graph(lambda: self.body(self.static), [self.opt])
 
     def __call__(self, batch: Batch, lr: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         for g in self.opt.param_groups:

@@ -127,13 +127,15 @@ class History:
     lr: list[float] = field(default_factory=list)  # learning rate used at the step
     grad_norm: list[float] = field(default_factory=list)  # global gradient norm before clipping
     tokens_per_s: list[float] = field(default_factory=list)  # input tokens per second (averaged per log window)
+    metrics: dict[str, list[float]] = field(default_factory=dict)  # other series a stage records (PPO: per round)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict) -> History:
-        return cls(**{f.name: list(d[f.name]) for f in dataclasses.fields(cls)})
+        series = {f.name: list(d[f.name]) for f in dataclasses.fields(cls) if f.name != "metrics"}
+        return cls(**series, metrics={k: list(v) for k, v in d.get("metrics", {}).items()})
 
 
 def train(model: nn.Module, data: Callable[[int], Batch], cfg: TrainConfig, *,

@@ -1,4 +1,4 @@
-"""Preference pairs from the verifier, DPO with precomputed reference log-probs, RSFT, PPO, and the recipe stages."""
+"""Preference pairs from the verifier, DPO with precomputed reference log-probs, RSFT, and their recipe stages."""
 
 import copy
 import dataclasses
@@ -16,15 +16,14 @@ from halluc_lab import train as halluc_train
 from halluc_lab.data import IGNORE, batches
 from halluc_lab.evaluate import score_answers
 from halluc_lab.model import ModelConfig
-from halluc_lab.preference import (DPOLoss, PPOConfig, PreferencePairs, SampleGroups, VerifierReward, best_of_n,
-                                   build_pairs, pair_logps, ppo, precompute_reference_logps, rank_pairs, rsft_rows,
-                                   sample_groups, soft_best_of_n)
+from halluc_lab.preference import (DPOLoss, PreferencePairs, SampleGroups, VerifierReward, best_of_n, build_pairs,
+                                   pair_logps, precompute_reference_logps, rank_pairs, rsft_rows, sample_groups,
+                                   soft_best_of_n)
 from halluc_lab.recipe_cache import Stage
-from halluc_lab.reward_model import RewardModel
 from halluc_lab.tasks import Arithmetic, ArithmeticConfig, make_task
 from halluc_lab.train import TrainConfig, train
 from tests.unit._tiny_lm import small_transformer
-from tests.unit.test_reward_model import BOS, GOOD, PAD, V, separable_pairs
+from tests.unit.test_reward_model import BOS, PAD, V, separable_pairs
 
 CPU = torch.device("cpu")
 
@@ -218,21 +217,7 @@ def test_methods_learn_from_one_half_of_the_held_out_prompts_and_are_measured_on
     assert not {e.prompt for e in evaluated} & {e.prompt for e in preference.preference_examples(task, 3000, seed=5)}
 
 
-# -- PPO -----------------------------------------------------------------------------------------------------------
-def test_a_few_ppo_rounds_raise_the_reward_of_a_trivially_learnable_task():
-    torch.manual_seed(0)
-    policy = small_transformer(V, seed=1).train()
-    reference = copy.deepcopy(policy).eval()
-    value = RewardModel.from_lm(policy)
-    reward = lambda prompts, completions: [sum(t == GOOD for t in c) / len(c) for c in completions]
-    cfg = PPOConfig(iterations=6, prompts_per_iteration=4, samples_per_prompt=8, max_new_tokens=4, epochs=2,
-                    minibatches=2, lr=1e-2, value_lr=1e-2, kl_coef=0.01)
-    hist = ppo(policy, reference, value, [[BOS, 5], [BOS, 6], [BOS, 7], [BOS, 8]], reward, cfg, pad_id=PAD, seed=0)
-    assert len(hist.reward) == 6
-    assert sum(hist.reward[-2:]) / 2 > sum(hist.reward[:2]) / 2 + 0.3
-    assert hist.kl_k3[-1] > 0 and all(0 <= c <= 1 for c in hist.clip_fraction)
-
-
+# -- the verifier as a reward ---------------------------------------------------------------------------------
 def test_the_verifier_reward_is_plus_one_zero_minus_lambda_on_token_ids():
     task = Arithmetic(ArithmeticConfig(max_digits=1))
     tok = task.tokenizer()
@@ -241,16 +226,6 @@ def test_the_verifier_reward_is_plus_one_zero_minus_lambda_on_token_ids():
     right, abstain = tok.encode(ex.completion) + [tok.eos_id], [tok.abstain_id, tok.eos_id]
     wrong = tok.encode("0" if ex.completion != "0" else "1") + [tok.eos_id]
     assert VerifierReward(task, tok, lam=3.0)([prompt] * 3, [right, abstain, wrong]) == [1.0, 0.0, -3.0]
-
-
-def test_ppo_rejects_bad_settings_and_a_shared_reference():
-    for bad in ({"clip": 0.0}, {"iterations": 0}, {"gamma": 1.5}, {"kl_coef": -0.1}, {"lr": float("nan")}):
-        with pytest.raises(ValueError, match=next(iter(bad))):
-            PPOConfig(**bad)
-    policy = small_transformer(V)
-    with pytest.raises(ValueError, match="own"):
-        ppo(policy, policy, RewardModel.from_lm(policy), [[BOS]], lambda p, c: [0.0] * len(c), PPOConfig(),
-            pad_id=PAD, seed=0)
 
 
 # -- recipe stages ---------------------------------------------------------------------------------------------------
@@ -387,23 +362,3 @@ def test_a_dpo_stage_trains_on_cuda_with_its_step_captured_and_twice_gives_the_s
     again = recipes.load_recipe(dataclasses.replace(r, name=r.name + "-again"), cuda, torch.bfloat16)
     assert recipes.directory(again.recipe, torch.bfloat16) != first_dir and again.trained_now
     assert same_weights(again.model, first.model)  # deterministic kernels, a captured step: bit-identical
-
-
-@pytest.mark.gpu
-def test_ppo_runs_on_cuda_through_the_engines_captured_decode_and_repeats_exactly_with_deterministic_kernels():
-    from halluc_lab.device import deterministic
-
-    cuda = torch.device("cuda")
-    reward = lambda prompts, completions: [sum(t == GOOD for t in c) / len(c) for c in completions]
-    cfg = PPOConfig(iterations=6, prompts_per_iteration=4, samples_per_prompt=8, max_new_tokens=4, lr=1e-2,
-                    value_lr=1e-2, kl_coef=0.01)
-    runs = []
-    for _ in range(2):
-        policy = small_transformer(V, seed=1).to(cuda).train()
-        with deterministic():
-            runs.append(ppo(policy, copy.deepcopy(policy).eval(), RewardModel.from_lm(policy),
-                            [[BOS, 5], [BOS, 6], [BOS, 7], [BOS, 8]], reward, cfg, pad_id=PAD, seed=0))
-    hist = runs[0]
-    assert sum(hist.reward[-2:]) / 2 > sum(hist.reward[:2]) / 2 + 0.3
-    assert all(math.isfinite(x) for x in hist.kl_k3 + hist.value_loss)
-    assert runs[0] == runs[1]  # every recorded number, bit for bit
