@@ -101,9 +101,16 @@ def test_a_tiny_ppo_stage_trains_through_the_recipe_cache_and_keeps_its_round_hi
     m = first.history.metrics
     assert set(m) == {f.name for f in dataclasses.fields(PPOHistory)} and all(len(v) == 4 for v in m.values())
     assert first.history.loss == pytest.approx([0.1 * k - r for r, k in zip(m["reward"], m["kl_k1"])])
+    parent = recipes.load_recipe(r.parent, CPU).model
     if stage.reward_model is None:
         assert m["gold"] == m["reward"]  # the verifier is both what is optimised and what is watched
-    assert not same_weights(first.model, recipes.load_recipe(r.parent, CPU).model)
+        with pytest.raises(ValueError, match="fits no reward model"):
+            stage.reward_model_of(r, parent, None)
+    else:  # a notebook refits the stage's reward model: the same samples, deterministic, the same bits
+        rm, pairs = stage.reward_model_of(r, parent, None)
+        assert len(pairs) > 0 and not same_weights(rm, RewardModel.from_lm(parent, seed=r.seed))
+        assert same_weights(rm, stage.reward_model_of(r, parent, None)[0])
+    assert not same_weights(first.model, parent)
     again = recipes.load_recipe(r, CPU)
     assert not again.trained_now and again.history == first.history and same_weights(again.model, first.model)
     with pytest.raises(ValueError, match="no rows"):
