@@ -141,8 +141,8 @@ def _check_same_shape(**tensors: torch.Tensor) -> None:
         raise ValueError(f"{', '.join(shapes)} are empty: there is nothing to compute a loss of")
 
 
-def _check_positive(name: str, value: float, upper: float = math.inf) -> None:
-    """ValueError unless ``value`` is a finite real number in (0, upper]."""
+def check_positive(name: str, value: float, upper: float = math.inf) -> None:
+    """ValueError unless ``value`` is a finite real number in (0, upper] (a β, a clip ε, a learning rate)."""
     if isinstance(value, bool) or not isinstance(value, Real) or not (0 < value <= upper and math.isfinite(value)):
         raise ValueError(f"{name} must be a finite number in (0, {upper}], got {value!r}")
 
@@ -193,7 +193,7 @@ def dpo_loss(policy_chosen_logps: torch.Tensor, policy_rejected_logps: torch.Ten
     """
     _check_same_shape(policy_chosen_logps=policy_chosen_logps, policy_rejected_logps=policy_rejected_logps,
                       ref_chosen_logps=ref_chosen_logps, ref_rejected_logps=ref_rejected_logps)
-    _check_positive("beta", beta)
+    check_positive("beta", beta)
     if isinstance(label_smoothing, bool) or not isinstance(label_smoothing, Real) or not 0 <= label_smoothing < 0.5:
         raise ValueError(f"label_smoothing must be in [0, 0.5), got {label_smoothing!r}")
     chosen = beta * (policy_chosen_logps - ref_chosen_logps)  # implicit reward of y⁺ (its C(x) cancels, 001 Remark)
@@ -225,7 +225,7 @@ def ppo_clipped_objective(logp_new: torch.Tensor, logp_old: torch.Tensor, advant
     """
     _check_same_shape(logp_new=logp_new, logp_old=logp_old, advantages=advantages)
     _check_mask(mask, logp_new)
-    _check_positive("clip", clip)
+    check_positive("clip", clip)
     ratio = torch.exp(logp_new - logp_old)  # (B, T)
     objective = torch.minimum(ratio * advantages, ratio.clamp(1 - clip, 1 + clip) * advantages)
     return torch.where(mask, objective, torch.zeros_like(objective))  # where, not ×: exp may overflow off-mask
@@ -275,7 +275,7 @@ def gae_advantages(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tens
     _check_mask(mask, rewards)
     if rewards.dim() != 2:
         raise ValueError(f"rewards and values must be (B, T), got {tuple(rewards.shape)}")
-    _check_positive("gamma", gamma, upper=1.0)
+    check_positive("gamma", gamma, upper=1.0)
     if isinstance(lam, bool) or not isinstance(lam, Real) or not 0 <= lam <= 1:
         raise ValueError(f"lam must be in [0, 1], got {lam!r}")
     m = mask.to(values.dtype)  # (B, T)

@@ -50,7 +50,7 @@ import torch
 from torch import nn
 
 from halluc_lab.data import IGNORE, Batch, Encoded, batches, pack
-from halluc_lab.losses import dpo_loss, token_logprobs
+from halluc_lab.losses import check_positive, dpo_loss, token_logprobs
 from halluc_lab.reward_model import (check_rate, PreferencePairs, SampleGroups, VerifierReward,  # noqa: F401 (re-exported)
                                      build_pairs, pair_index, pair_masks, rank_pairs, sample_groups)
 from halluc_lab.evaluate import distinct_examples, model_device
@@ -60,10 +60,6 @@ from halluc_lab.train import CheckpointError
 
 CHUNK = 512  # rows per generation or forward pass
 
-
-def _check_positive(name: str, value: float) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (value > 0 and math.isfinite(value)):
-        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
 
 
 # -- prompts: the held-out split, halved --------------------------------------------------------------------
@@ -128,7 +124,7 @@ class DPOLoss:
         if not isinstance(self.reference, torch.Tensor) or self.reference.dim() != 2 or self.reference.shape[1] != 2:
             raise ValueError("reference must be a (P, 2) tensor: pairs = precompute_reference_logps(ref_model, pairs), "
                              f"then DPOLoss(beta, pairs.reference); got {type(self.reference).__name__}")
-        _check_positive("beta", self.beta)
+        check_positive("beta", self.beta)
         if not (isinstance(self.label_smoothing, (int, float)) and 0 <= self.label_smoothing < 0.5):
             raise ValueError(f"label_smoothing must be in [0, 0.5), got {self.label_smoothing!r}")
 
@@ -158,7 +154,7 @@ def soft_best_of_n(rewards: torch.Tensor, beta: float, generator: torch.Generato
     π_ref(y) exp(R(y)/β)/Z as N → ∞ (the claim 001 §2 makes for best-of-N); as β → 0 it keeps a best one.
     """
     best_of_n(rewards)  # checks the shape
-    _check_positive("beta", beta)
+    check_positive("beta", beta)
     if not bool(torch.isfinite(rewards).all()):
         raise ValueError("rewards must be finite")
     probs = torch.softmax(rewards.double() / beta, dim=1)  # (P, N)
@@ -263,7 +259,7 @@ class DPOTraining(_FromOwnSamples):
         check_count("samples", self.samples, 2)
         check_count("pairs_per_prompt", self.pairs_per_prompt, 1)
         check_rate("flip_rate", self.flip_rate)
-        _check_positive("beta", self.beta)
+        check_positive("beta", self.beta)
 
     def build(self, model, tok, task, examples, recipe) -> tuple[Batch, torch.Tensor]:
         groups = sample_groups(model, tok, task, examples, self.samples, seed=recipe.seed)
@@ -294,7 +290,7 @@ class RSFTTraining(_FromOwnSamples):
         check_count("n_prompts", self.n_prompts, 1)
         check_count("samples", self.samples, 1)
         if self.beta is not None:
-            _check_positive("beta", self.beta)
+            check_positive("beta", self.beta)
         if not (isinstance(self.lam, (int, float)) and math.isfinite(self.lam) and self.lam >= 0):
             raise ValueError(f"lam must be a finite number >= 0, got {self.lam!r}")
 

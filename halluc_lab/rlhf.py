@@ -51,7 +51,7 @@ from halluc_lab.data import IGNORE, batches, rollout_batch
 from halluc_lab.device import deterministic
 from halluc_lab.engine import generate
 from halluc_lab.evaluate import answer_budget, model_device
-from halluc_lab.losses import gae_advantages, kl_estimates, ppo_clipped_objective, token_logprobs
+from halluc_lab.losses import check_positive, gae_advantages, kl_estimates, ppo_clipped_objective, token_logprobs
 from halluc_lab.preference import preference_examples
 from halluc_lab.progress import progress
 from halluc_lab.reward_model import (BradleyTerryLoss, LearnedReward, PreferencePairs, Reward, RewardModel,
@@ -60,11 +60,6 @@ from halluc_lab.step import autocast, capture_graph, make_optimizer
 from halluc_lab.tasks import make_task
 from halluc_lab.tasks.base import check_count
 from halluc_lab.train import History, TrainConfig, train
-
-
-def _check_positive(name: str, value: float) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (value > 0 and math.isfinite(value)):
-        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -90,7 +85,7 @@ class PPOConfig:
                      "minibatches"):
             check_count(name, getattr(self, name), 1)
         for name in ("clip", "lr", "value_lr", "grad_clip"):
-            _check_positive(name, getattr(self, name))
+            check_positive(name, getattr(self, name))
         if not (self.kl_coef >= 0 and math.isfinite(self.kl_coef)):
             raise ValueError(f"kl_coef must be a finite number >= 0, got {self.kl_coef!r}")
         check_rate("gamma", self.gamma)
@@ -276,7 +271,7 @@ class RewardModelPlan:
         check_count("samples", self.samples, 2)
         for name in ("pairs_per_prompt", "steps", "batch_size"):
             check_count(name, getattr(self, name), 1)
-        _check_positive("lr", self.lr)
+        check_positive("lr", self.lr)
 
 
 def fit_reward_model(lm: nn.Module, groups: SampleGroups, plan: RewardModelPlan, *, seed: int,
@@ -318,6 +313,17 @@ class PPOTraining:
     def rows(self, recipe):
         raise ValueError(f"{type(self).__name__} samples its rollouts from the policy as it trains: it has no rows")
 
+    def reward_model_of(self, recipe, model: nn.Module, dtype: torch.dtype | None) -> tuple[RewardModel, PreferencePairs]:
+        """RLHF's reward model as :meth:`fit` fits it from ``model`` (the starting model, the recipe's parent), and
+        its pairs: ``reward_model.samples`` answers to each prompt, ranked; the same bits when called again."""
+        if self.reward_model is None:
+            raise ValueError(f"{recipe.name}: this PPO stage optimises the verifier and fits no reward model")
+        task = make_task(recipe.task)
+        examples = preference_examples(task, self.n_prompts, seed=recipe.seed)
+        with deterministic():
+            groups = sample_groups(model, task.tokenizer(), task, examples, self.reward_model.samples, seed=recipe.seed)
+            return fit_reward_model(model, groups, self.reward_model, seed=recipe.seed, autocast_dtype=dtype)
+
     def fit(self, recipe, model: nn.Module, device: torch.device, dtype: torch.dtype | None, checkpoints: str) -> History:
         """Train ``model`` (the parent's weights) in place; its history."""
         task = make_task(recipe.task)
@@ -326,9 +332,7 @@ class PPOTraining:
         verifier, reward = VerifierReward(task, tok), None
         with deterministic():
             if self.reward_model is not None:
-                groups = sample_groups(model, tok, task, examples, self.reward_model.samples, seed=recipe.seed)
-                reward = LearnedReward(fit_reward_model(model, groups, self.reward_model, seed=recipe.seed,
-                                                        autocast_dtype=dtype)[0], tok.pad_id)
+                reward = LearnedReward(self.reward_model_of(recipe, model, dtype)[0], tok.pad_id)
             cfg = dataclasses.replace(self.config, iterations=recipe.train.steps, lr=recipe.train.lr,
                                       max_new_tokens=answer_budget(examples))
             reference = copy.deepcopy(model).eval().requires_grad_(False)  # π_ref: the starting model, frozen
