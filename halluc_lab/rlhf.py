@@ -112,9 +112,10 @@ class PPOHistory:
 class _Rounds:
     """The tensors of one PPO run and the two computations on them, eager or replayed as CUDA graphs.
 
-    ``self.rows`` (input ids, labels, task rewards) is what a round writes in; :meth:`score` fills
-    ``self.scored`` (mask, log π_old, advantages, returns, statistics); :meth:`update` trains on the
-    minibatch rows ``idx``. Every tensor keeps its address for the run, as a graph needs.
+    ``self.rows`` (input ids, labels, task rewards) is what a round writes in; :meth:`score` returns the
+    round's log π_old, advantages, returns and statistics; :meth:`update` copies the minibatch rows ``idx``
+    into ``self.mini`` and trains on them. Every tensor keeps its address for the run, as a graph needs;
+    the update's graph is captured with the optimizers, whose warm-up steps it undoes.
     """
 
     def __init__(self, policy, reference, value, cfg: PPOConfig, width: int, dtype, cuda_graph: bool):
