@@ -2,7 +2,8 @@
 
 Decode: tiny at batches 1 and 64 against HF generate with its dynamic and its static cache;
 small at batches 1 and 64 against the dynamic cache only (the static cache's compile is slow).
-Training step: tiny and small at batch 32 × 256 tokens. DPO step and RL iteration against TRL (kb_walk,
+Training step: tiny and small at batch 32 × 256 tokens. BM25 indexing and querying against bm25s and
+rank-bm25 (CPU). DPO step and RL iteration against TRL (kb_walk,
 the recipes' shape), when TRL is installed (it is not a dependency: see preference.py). JSON files go
 to ``--out``.
 
@@ -18,6 +19,7 @@ import sys
 import time
 from pathlib import Path
 
+import bm25
 import decode
 import preference
 import train_step
@@ -40,6 +42,7 @@ def main(argv=None) -> None:
                               "--json", str(out / "decode_small.json")])
     train_step.main(common + ["--sizes", "tiny" if args.quick else "tiny,small", "--batches", "8" if args.quick else "32",
                               "--json", str(out / "train_step.json")])
+    bm25.main((["--quick"] if args.quick else []) + ["--json", str(out / "bm25.json")])
     if importlib.util.find_spec("trl") is None:
         print("\npreference: skipped, TRL is not installed (benchmarks/preference.py says how)")
     else:

@@ -308,6 +308,55 @@ def _zipf_corpus(n_docs=200, n_vocab=60, seed=0):
 
 
 QUERY = ["w0", "w3", "w11", "w29", "w47"]
+PARAMS = [(1.5, 0.75), (1.2, 0.3), (2.0, 1.0), (0.9, 0.0)]  # (k1, b)
+
+
+def _queries(n=20, n_vocab=60, seed=1):
+    """Seeded queries of 3..5 distinct terms drawn uniformly from the vocabulary (rare and common
+    alike), plus QUERY, a repeated term (counts twice), one rare term (many exact ties) and a
+    term absent from the corpus (adds nothing)."""
+    rng = np.random.default_rng(seed)
+    vocab = [f"w{i}" for i in range(n_vocab)]
+    drawn = [list(rng.choice(vocab, size=rng.integers(3, 6), replace=False)) for _ in range(n)]
+    return [*drawn, QUERY, ["w5", "w5", "w7"], ["w40"], ["w2", "not-in-corpus", "w19"]]
+
+
+def _tol(ours, rtol):
+    """An absolute tolerance: ``rtol`` of the largest score (zero scores compare exactly to it)."""
+    return rtol * max(float(np.abs(ours).max()), 1e-300)
+
+
+def _assert_same_ranking(ours, theirs, rtol):
+    """Both score vectors order all documents the same way, ties explicit: walking the documents
+    in our order (equal scores by lower index), two neighbours tied in ours (within ``rtol`` of the
+    top score) are tied in theirs, and a step down in ours is a step down in theirs. Returns the
+    number of tied neighbours, so a test can show that its corpus has ties to check."""
+    ours, theirs = np.asarray(ours, dtype=np.float64), np.asarray(theirs, dtype=np.float64)
+    order = np.argsort(-ours, kind="stable")
+    a, b = ours[order], theirs[order]
+    tied_ours = (a[:-1] - a[1:]) <= _tol(ours, rtol)
+    tied_theirs = np.abs(b[:-1] - b[1:]) <= _tol(theirs, rtol)
+    assert np.array_equal(tied_ours, tied_theirs), f"ties differ at ranks {np.flatnonzero(tied_ours != tied_theirs)}"
+    assert np.all(b[:-1][~tied_ours] > b[1:][~tied_ours]), "a step down in ours is not one in theirs"
+    return int(tied_ours.sum())
+
+
+def _assert_same_top_k(ours, k, their_ids, their_scores, rtol, scale=1.0):
+    """A peer's top k (ids, scores best first) is ours (:func:`top_k`, ties to the lower index) up
+    to the order of tied documents: k distinct documents, our score at every rank, and wherever the
+    two lists name different documents, theirs has the same score in ours as ours (a tie). Returns
+    the number of ranks where the lists differ only by such a tie."""
+    mine = top_k(ours, k)
+    ids = [int(i) for i in their_ids]
+    assert len(ids) == len(set(ids)) == len(mine)
+    np.testing.assert_allclose(np.asarray(their_scores, dtype=np.float64) * scale, [s for _, s in mine],
+                               rtol=rtol, atol=_tol(ours, rtol))
+    swapped = 0
+    for rank, (theirs, (my_id, my_score)) in enumerate(zip(ids, mine)):
+        if theirs != my_id:
+            assert abs(ours[theirs] - my_score) <= _tol(ours, rtol), f"rank {rank}: {theirs} vs {my_id}, not tied"
+            swapped += 1
+    return swapped
 
 
 def test_bm25_matches_the_004_formula_by_hand():
@@ -319,33 +368,65 @@ def test_bm25_matches_the_004_formula_by_hand():
     assert bm25_scores(["a"], corpus, k1=k1, b=b) == pytest.approx([expected, 0, 0])
 
 
-def test_bm25_equals_bm25s_lucene_up_to_the_k1_plus_one_factor_it_drops():
+def test_bm25_with_plain_idf_is_bm25s_atire_exactly_scores_and_rankings():
+    # The lab keeps 004's (k1 + 1) numerator, as bm25s "atire" does; atire's idf is log(N / df),
+    # the lab's idf_plain. Same variant, same k1 and b: the same scores, bit for bit in float64.
     bm25s = pytest.importorskip("bm25s")
     corpus = _zipf_corpus()
-    for k1, b in [(1.5, 0.75), (1.2, 0.3), (2.0, 1.0)]:
-        index = bm25s.BM25(method="lucene", k1=k1, b=b)
-        index.index(corpus, show_progress=False)
-        for query in (QUERY, ["w5", "w5", "w7"]):  # a repeated term counts twice in both
-            theirs = index.get_scores(query)  # float32
-            ours = bm25_scores(query, corpus, k1=k1, b=b)
-            np.testing.assert_allclose(ours / (k1 + 1), theirs, rtol=2e-6, atol=1e-6)
-        docs, scores = index.retrieve([QUERY], k=10, show_progress=False)
-        mine = bm25_top_k(QUERY, corpus, 10, k1=k1, b=b)
-        assert [d for d, _ in mine] == docs[0].tolist()
-        np.testing.assert_allclose([s / (k1 + 1) for _, s in mine], scores[0], rtol=2e-6)
+    ties = 0
+    for k1, b in PARAMS:
+        for dtype, rtol in (("float64", 1e-12), ("float32", 1e-6)):  # bm25s's default is float32
+            index = bm25s.BM25(method="atire", k1=k1, b=b, dtype=dtype)
+            index.index(corpus, show_progress=False)
+            for query in _queries():
+                ours = bm25_scores(query, corpus, k1=k1, b=b, idf=idf_plain)
+                theirs = index.get_scores(query)
+                np.testing.assert_allclose(theirs, ours, rtol=rtol, atol=_tol(ours, rtol))
+                ties += _assert_same_ranking(ours, theirs, rtol)
+                ids, scores = index.retrieve([query], k=20, show_progress=False)
+                _assert_same_top_k(ours, 20, ids[0], scores[0], rtol)
+            if dtype == "float64":
+                assert np.array_equal(index.get_scores(QUERY), bm25_scores(QUERY, corpus, k1=k1, b=b, idf=idf_plain))
+    assert ties > 0  # the corpus has exactly tied documents, so the tie handling is exercised
+
+
+def test_bm25_equals_bm25s_lucene_up_to_the_k1_plus_one_factor_it_drops():
+    # The lab's default idf is Lucene's (idf_bm25); bm25s "lucene" uses it too but drops the
+    # (k1 + 1) numerator: its scores are ours / (k1 + 1), a constant per (k1, b), so rankings agree.
+    bm25s = pytest.importorskip("bm25s")
+    corpus = _zipf_corpus()
+    swapped = 0
+    for k1, b in PARAMS:
+        for dtype, rtol in (("float64", 1e-12), ("float32", 1e-6)):
+            index = bm25s.BM25(method="lucene", k1=k1, b=b, dtype=dtype)
+            index.index(corpus, show_progress=False)
+            for query in _queries():
+                ours = bm25_scores(query, corpus, k1=k1, b=b)
+                theirs = index.get_scores(query)
+                np.testing.assert_allclose(ours / (k1 + 1), theirs, rtol=rtol, atol=_tol(theirs, rtol))
+                _assert_same_ranking(ours, theirs, rtol)
+                ids, scores = index.retrieve([query], k=10, show_progress=False)
+                mine = bm25_top_k(query, corpus, 10, k1=k1, b=b)
+                assert mine == top_k(ours, 10)
+                swapped += _assert_same_top_k(ours, 10, ids[0], scores[0], rtol, scale=k1 + 1)
+    assert swapped > 0  # bm25s orders some tied documents differently from top_k: only ties may differ
 
 
 def test_bm25_equals_bm25s_robertson_with_negative_idf_clipped_to_zero():
     bm25s = pytest.importorskip("bm25s")
     corpus = _zipf_corpus()
-    index = bm25s.BM25(method="robertson")
-    index.index(corpus, show_progress=False)
 
     def clipped(df, n):  # bm25s "robertson": log(max(ratio, 1))
         return np.maximum(idf_robertson(df, n), 0.0)
 
-    np.testing.assert_allclose(bm25_scores(QUERY, corpus, idf=clipped) / 2.5, index.get_scores(QUERY),
-                               rtol=2e-6, atol=1e-6)
+    for k1, b in PARAMS:
+        index = bm25s.BM25(method="robertson", k1=k1, b=b, dtype="float64")
+        index.index(corpus, show_progress=False)
+        for query in _queries():
+            ours = bm25_scores(query, corpus, k1=k1, b=b, idf=clipped)
+            theirs = index.get_scores(query)
+            np.testing.assert_allclose(ours / (k1 + 1), theirs, rtol=1e-12, atol=_tol(theirs, 1e-12))
+            _assert_same_ranking(ours, theirs, 1e-12)
 
 
 def _rank_bm25_idf(df, n, epsilon=0.25):
@@ -357,9 +438,15 @@ def _rank_bm25_idf(df, n, epsilon=0.25):
 def test_bm25_equals_rank_bm25_okapi_with_its_epsilon_floor_and_differs_without():
     rank_bm25 = pytest.importorskip("rank_bm25")
     corpus = _zipf_corpus()
+    for k1, b in PARAMS:
+        okapi = rank_bm25.BM25Okapi(corpus, k1=k1, b=b, epsilon=0.25)
+        for query in _queries():
+            ours = bm25_scores(query, corpus, k1=k1, b=b, idf=_rank_bm25_idf)
+            theirs = okapi.get_scores(query)
+            np.testing.assert_allclose(ours, theirs, rtol=1e-12, atol=_tol(ours, 1e-12))
+            _assert_same_ranking(ours, theirs, 1e-12)
     okapi = rank_bm25.BM25Okapi(corpus, k1=1.5, b=0.75, epsilon=0.25)
     theirs = okapi.get_scores(QUERY)
-    np.testing.assert_allclose(bm25_scores(QUERY, corpus, idf=_rank_bm25_idf), theirs, rtol=1e-12)
     # w0 is in more than half the documents: the plain Robertson idf is negative there, and
     # rank-bm25's floor (documented difference) changes both scores and ranking.
     assert document_frequency(term_counts(corpus)[0])[0] > 100
