@@ -12,6 +12,9 @@ methods) states a difference only where an interval excludes zero; the prose the
   prompts with models from the same seeds, so each resample draws the same prompts and seeds for
   both, and the prompt-to-prompt variation common to both arms cancels.
 - :func:`verdict` — "A > B", "A < B" or "no difference resolved" from an interval.
+- :func:`reliability` — calibration (chapter 11): answers binned by the model's confidence, each bin's
+  accuracy beside its mean confidence (the reliability diagram), and the expected calibration error
+  ECE = Σ_b (n_b/N) |accuracy_b − confidence_b| (Guo et al., 2017) over equal-width bins.
 
 Departure from common practice: the bootstrap's resamples are drawn with a seeded NumPy
 generator, so the same numbers give the same interval on every machine.
@@ -143,3 +146,49 @@ def verdict(difference: Interval, a: str = "A", b: str = "B") -> str:
     if difference.high < 0:
         return f"{a} < {b}"
     return f"no difference between {a} and {b} resolved"
+
+
+@dataclass(frozen=True)
+class Reliability:
+    """Answers binned by confidence: what a reliability diagram draws, and the ECE."""
+
+    edges: np.ndarray  # (B + 1,) bin edges on [0, 1]; bin b is [edges[b], edges[b+1]), the last one closed
+    count: np.ndarray  # (B,) answers in each bin
+    confidence: np.ndarray  # (B,) mean confidence in each bin (NaN where empty)
+    accuracy: np.ndarray  # (B,) share of right answers in each bin (NaN where empty)
+    ece: float  # expected calibration error: Σ_b (count_b / N) |accuracy_b − confidence_b|
+
+    @property
+    def overconfidence(self) -> float:
+        """Σ_b (count_b / N) (confidence_b − accuracy_b): > 0 when the model claims more than it gets right."""
+        full = self.count > 0
+        return float((self.count[full] * (self.confidence[full] - self.accuracy[full])).sum() / self.count.sum())
+
+
+def reliability(confidence, correct, bins: int = 10) -> Reliability:
+    """Bin answers by ``confidence`` (the model's probability of its own answer, in [0, 1]) into ``bins``
+    equal-width bins and compare each bin's accuracy (``correct``: bools or 0/1) with its mean confidence.
+
+    >>> r = reliability([0.9, 0.9, 0.6, 0.6], [1, 0, 1, 1], bins=2)
+    >>> r.accuracy.tolist(), r.ece                      # bin [0.5, 1]: accuracy 0.75 at confidence 0.75
+    ([nan, 0.75], 0.0)
+    """
+    conf, right = np.asarray(confidence, dtype=float), np.asarray(correct, dtype=float)
+    if conf.ndim != 1 or conf.shape != right.shape or conf.size == 0:
+        raise ValueError(f"confidence and correct must be non-empty 1-D sequences of one length, "
+                         f"got shapes {conf.shape} and {right.shape}")
+    if not np.all((conf >= 0) & (conf <= 1)):
+        raise ValueError("confidence must lie in [0, 1] (a probability)")
+    if not np.all((right == 0) | (right == 1)):
+        raise ValueError("correct must hold booleans or 0/1")
+    if isinstance(bins, bool) or not isinstance(bins, int) or bins < 1:
+        raise ValueError(f"bins must be an int >= 1, got {bins!r}")
+    edges = np.linspace(0.0, 1.0, bins + 1)
+    which = np.minimum(np.searchsorted(edges, conf, side="right") - 1, bins - 1)  # conf = 1 joins the last bin
+    count = np.bincount(which, minlength=bins)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean_conf = np.bincount(which, weights=conf, minlength=bins) / count
+        accuracy = np.bincount(which, weights=right, minlength=bins) / count
+    full = count > 0
+    ece = float((count[full] * np.abs(accuracy[full] - mean_conf[full])).sum() / conf.size)
+    return Reliability(edges, count, mean_conf, accuracy, ece)

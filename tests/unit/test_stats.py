@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.stats import binomtest, bootstrap
 
-from halluc_lab.stats import Interval, bootstrap_mean, paired_difference, verdict, wilson
+from halluc_lab.stats import Interval, bootstrap_mean, paired_difference, reliability, verdict, wilson
 
 
 @settings(max_examples=40, deadline=None)
@@ -88,3 +88,32 @@ def test_verdict_follows_the_interval(iv, expected):
 def test_bad_input_is_rejected(call, match):
     with pytest.raises((ValueError, TypeError), match=match):
         call()
+
+
+# -- calibration: reliability bins and the expected calibration error -------------------------------------------
+def test_ece_by_hand():
+    # bins of width 0.5: [0.2, 0.4] right 1 of 2 (acc 0.5, conf 0.3); [0.8, 0.8, 1.0] right 2 of 3 (acc 2/3, conf 13/15)
+    r = reliability([0.2, 0.4, 0.8, 0.8, 1.0], [True, False, True, False, True], bins=2)
+    assert r.count.tolist() == [2, 3]
+    assert r.confidence == pytest.approx([0.3, 13 / 15]) and r.accuracy == pytest.approx([0.5, 2 / 3])
+    assert r.ece == pytest.approx((2 * 0.2 + 3 * (13 / 15 - 2 / 3)) / 5)
+    assert r.overconfidence == pytest.approx((2 * -0.2 + 3 * (13 / 15 - 2 / 3)) / 5)
+
+
+def test_a_calibrated_sampler_has_small_ece_and_a_constant_guess_has_large_ece():
+    rng = np.random.default_rng(0)
+    conf = rng.uniform(size=200_000)
+    calibrated = reliability(conf, rng.uniform(size=conf.size) < conf, bins=10)
+    assert calibrated.ece < 0.01
+    assert np.nanmax(np.abs(calibrated.accuracy - calibrated.confidence)) < 0.01
+    overconfident = reliability(np.full(1000, 0.9), np.arange(1000) < 500, bins=10)
+    assert overconfident.ece == pytest.approx(0.4) and overconfident.overconfidence == pytest.approx(0.4)
+    assert overconfident.count.sum() == 1000 and np.isnan(overconfident.accuracy[0])  # empty bins stay NaN
+
+
+@pytest.mark.parametrize("conf, right, bins, match", [
+    ([], [], 10, "non-empty"), ([0.5, 0.5], [1], 10, "one length"), ([1.5], [1], 10, r"\[0, 1\]"),
+    ([0.5], [2], 10, "0/1"), ([0.5], [1], 0, "bins")])
+def test_reliability_rejects_bad_input(conf, right, bins, match):
+    with pytest.raises(ValueError, match=match):
+        reliability(conf, right, bins=bins)
