@@ -177,10 +177,11 @@ class SelfAttention(nn.Module):
             out, _ = attention.scaled_dot_product_attention(
                 q, attention.repeat_kv(k, n_rep), attention.repeat_kv(v, n_rep), mask, causal=mask is None)
             return out
-        # Packed rows and prefills (a mask, several queries) go to SDPA's memory-efficient kernel, which takes no
-        # grouped heads: expanded here, since with deterministic algorithms on the other candidates fall back to a
-        # float32 math path (an H100 training step at full scale: 8.7 → 5.8 ms). Decoding (one query) keeps them.
-        if n_rep > 1 and (not _SDPA_GQA or (mask is not None and q.shape[2] > 1)):
+        # On CUDA, packed rows and prefills (a mask, several queries) go to SDPA's memory-efficient kernel, which
+        # takes no grouped heads: expanded here, since with deterministic algorithms on the other candidates fall
+        # back to a float32 math path (an H100 training step at full scale: 8.7 → 5.8 ms). Decoding (one query)
+        # keeps them, and so does the CPU, whose kernels have no such fallback.
+        if n_rep > 1 and (not _SDPA_GQA or (mask is not None and q.shape[2] > 1 and q.is_cuda)):
             k, v = attention.repeat_kv(k, n_rep), attention.repeat_kv(v, n_rep)
         gqa = {"enable_gqa": True} if k.shape[1] != q.shape[1] else {}
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, **gqa)
