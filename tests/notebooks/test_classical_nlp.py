@@ -133,3 +133,26 @@ def test_estimation_error_falls_as_one_over_root_n(glue):
         assert -0.7 < glue[f"cnlp_hmm_error_slope_{table}"] < -0.35
     accuracy = glue["cnlp_hmm_curve_accuracy"]
     assert accuracy[0] < accuracy[-1] and abs(accuracy[-1] - glue["cnlp_hmm_curve_accuracy_true"]) < 0.01
+
+
+# -- the exercises' solutions -----------------------------------------------------------------------------------------
+def test_exercise_solutions_edit_distances_of_intention_and_execution(glue):
+    lev, indel, lcs = glue["classical_ex_edit"]
+    assert (lev, indel, lcs) == (5, 8, 5)  # the textbook pair; indel = 9 + 9 − 2 × LCS
+    assert lev <= indel <= 2 * lev
+
+
+def test_exercise_solutions_pmi_of_independent_words_shrinks_with_the_corpus(glue):
+    spread = glue["classical_ex_pmi_spread"]
+    assert spread[0] > spread[1] > spread[2]  # zero in expectation: only noise, shrinking like 1 / √N
+    assert 2 < spread[0] / spread[1] < 5 and 2 < spread[1] / spread[2] < 5  # √10 ≈ 3.2 per tenfold corpus
+
+
+def test_exercise_solutions_bm25_reaches_90_percent_at_nine_k1(glue):
+    assert glue["classical_ex_bm25_f90"] == pytest.approx([4.5, 10.8, 18.0], abs=1e-3)
+
+
+def test_exercise_solutions_rrf_tends_to_borda_and_k_decides_the_winner(glue):
+    agree, pairs = glue["classical_ex_rrf_borda"]
+    assert pairs > 30 and agree == pairs  # every pair the Borda count tells apart, RRF at k = 10⁶ orders alike
+    assert glue["classical_ex_rrf_winners"] == ["a", "b", "b"]  # first twice wins at k = 1; high everywhere after
