@@ -38,7 +38,7 @@ from halluc_lab.lexical import (
     bm25_top_k,
     document_frequency,
     idf_bm25,
-    idf_robertson,
+    idf_okapi,
     term_counts,
 )
 
@@ -74,12 +74,6 @@ def median_query_ms(answer, queries) -> float:
     """Median milliseconds of one ``answer(query)`` over ``queries``, after one warm-up call."""
     answer(queries[0])
     return 1e3 * statistics.median(median_time(lambda q=q: answer(q), 1) for q in queries)
-
-
-def okapi_idf(df, n, epsilon=0.25):
-    """rank-bm25's BM25Okapi idf: Robertson's, negative values replaced by ε × the mean idf."""
-    idf = idf_robertson(df, n)
-    return np.where(idf < 0, epsilon * idf.mean(), idf)
 
 
 def lab_index(docs):
@@ -123,7 +117,7 @@ def measure(docs, queries, repeats: int, lab_queries: int) -> tuple[list[dict], 
     ours = bm25_scores(q, docs, k1=K1, b=B)
     agree = {
         "bm25s": bool(np.allclose(ours / (K1 + 1), index.get_scores(q), rtol=1e-5, atol=1e-5 * ours.max())),
-        "rank-bm25": bool(np.allclose(bm25_scores(q, docs, k1=K1, b=B, idf=okapi_idf), okapi.get_scores(q),
+        "rank-bm25": bool(np.allclose(bm25_scores(q, docs, k1=K1, b=B, idf=idf_okapi), okapi.get_scores(q),
                                       rtol=1e-9)),
     }
     agree["bm25s batch"] = agree["bm25s"]

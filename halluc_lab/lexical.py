@@ -39,6 +39,7 @@ import math
 from collections import Counter
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
+from numbers import Real
 from typing import NamedTuple
 
 import numpy as np
@@ -318,6 +319,12 @@ def idf_robertson(df: np.ndarray, n_docs: int) -> np.ndarray:
     return np.log((n_docs - d + 0.5) / (d + 0.5))
 
 
+def idf_okapi(df: np.ndarray, n_docs: int, epsilon: float = 0.25) -> np.ndarray:
+    """rank-bm25's BM25Okapi idf: Robertson's, with each negative value replaced by ε × the mean idf."""
+    idf = idf_robertson(df, n_docs)
+    return np.where(idf < 0, epsilon * idf.mean(), idf)
+
+
 TF = Callable[[np.ndarray], np.ndarray]
 IDF = Callable[[np.ndarray, int], np.ndarray]
 
@@ -336,6 +343,20 @@ def tfidf(counts: np.ndarray, *, tf: TF = tf_relative, idf: IDF = idf_plain) -> 
 # ---------------------------------------------------------------- BM25 (§3.4)
 
 
+def check_bm25_parameters(k1: float, b: float) -> None:
+    """ValueError unless k1 is a finite number >= 0 and b a number in [0, 1]."""
+    if isinstance(k1, bool) or not (isinstance(k1, Real) and math.isfinite(k1) and k1 >= 0):
+        raise ValueError(f"k1 must be finite and >= 0, got {k1!r}")
+    if isinstance(b, bool) or not (isinstance(b, Real) and 0 <= b <= 1):
+        raise ValueError(f"b must be in [0, 1], got {b!r}")
+
+
+def check_k(k: int, name: str = "k") -> None:
+    """ValueError unless ``k`` (a count of results, a batch size) is an integer >= 1."""
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {k!r}")
+
+
 def bm25_scores(query: Sequence[Hashable], corpus: Sequence[Sequence[Hashable]], *, k1: float = 1.5,
                 b: float = 0.75, idf: IDF = idf_bm25) -> np.ndarray:
     """Okapi BM25 score (D,) of every document for ``query``, 004 §3.4:
@@ -346,10 +367,7 @@ def bm25_scores(query: Sequence[Hashable], corpus: Sequence[Sequence[Hashable]],
     the df of the whole vocabulary, so corpus-wide rules (rank-bm25's floor) fit. Terms absent
     from the corpus add 0.
     """
-    if not (isinstance(k1, (int, float)) and math.isfinite(k1) and k1 >= 0):
-        raise ValueError(f"k1 must be finite and >= 0, got {k1!r}")
-    if not (isinstance(b, (int, float)) and 0 <= b <= 1):
-        raise ValueError(f"b must be in [0, 1], got {b!r}")
+    check_bm25_parameters(k1, b)
     counts, vocab = term_counts(corpus)  # (D, V)
     lengths = counts.sum(axis=1).astype(np.float64)  # (D,)
     if lengths.sum() == 0:
@@ -369,8 +387,7 @@ def bm25_scores(query: Sequence[Hashable], corpus: Sequence[Sequence[Hashable]],
 
 def top_k(scores: np.ndarray, k: int) -> list[tuple[int, float]]:
     """The k best (index, score) pairs, highest first; ties go to the lower index."""
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
-        raise ValueError(f"k must be an integer >= 1, got {k!r}")
+    check_k(k)
     s = np.asarray(scores, dtype=np.float64)
     order = np.argsort(-s, kind="stable")[:k]
     return [(int(i), float(s[i])) for i in order]

@@ -70,11 +70,6 @@ class Retriever(Protocol):
 # ---------------------------------------------------------------- argument checks
 
 
-def _check_k(k: int, name: str = "k") -> None:
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
-        raise ValueError(f"{name} must be an integer >= 1, got {k!r}")
-
-
 def _tokens(query: Query, what: str = "query") -> list[str]:
     """A query or passage as its list of tokens (a string is split on whitespace)."""
     if isinstance(query, str):
@@ -142,10 +137,7 @@ class BM25Retriever:
 
     def __init__(self, passages: Sequence[Query], *, k1: float = 1.5, b: float = 0.75) -> None:
         docs = _corpus(passages)
-        if not (isinstance(k1, numbers.Real) and not isinstance(k1, bool) and math.isfinite(k1) and k1 >= 0):
-            raise ValueError(f"k1 must be finite and >= 0, got {k1!r}")
-        if not (isinstance(b, numbers.Real) and not isinstance(b, bool) and 0 <= b <= 1):
-            raise ValueError(f"b must be in [0, 1], got {b!r}")
+        lexical.check_bm25_parameters(k1, b)
         import bm25s  # 0.2 s to import: only when an index is built
 
         self.k1, self.b, self.n_passages = float(k1), float(b), len(docs)
@@ -162,11 +154,11 @@ class BM25Retriever:
 
     def search(self, query: Query, k: int) -> list[Hit]:
         """The at most k best passages sharing a term with ``query``, best first; ties to the lower id."""
-        _check_k(k)
+        lexical.check_k(k)
         return [(i, s) for i, s in lexical.top_k(self.scores(query), min(k, self.n_passages)) if s > 0]
 
     def search_many(self, queries: Sequence[Query], k: int) -> list[list[Hit]]:
-        _check_k(k)
+        lexical.check_k(k)
         return [self.search(q, k) for q in _queries(queries)]
 
 
@@ -181,7 +173,7 @@ def embed(model, tokenizer, texts: Sequence[Query], *, batch_size: int = 64) -> 
     ``model`` is a :class:`halluc_lab.model.Transformer` (its ``norm`` is hooked for the duration of the
     call), ``tokenizer`` the task's; rows are right-padded and the pads are left out of the mean.
     """
-    _check_k(batch_size, "batch_size")
+    lexical.check_k(batch_size, "batch_size")
     ids = [tokenizer.encode(t) for t in _corpus(texts, "texts")]  # a ValueError names an unknown symbol
     device = model.embed_tokens.weight.device
     captured: list[torch.Tensor] = []
@@ -223,7 +215,7 @@ class DenseRetriever:
 
     def search_many(self, queries: Sequence[Query], k: int) -> list[list[Hit]]:
         """The k most similar passages of each query, best first; ties to the lower id."""
-        _check_k(k)
+        lexical.check_k(k)
         return [lexical.top_k(row, min(k, self.n_passages)) for row in self.scores_many(queries)]
 
     def search(self, query: Query, k: int) -> list[Hit]:
@@ -243,7 +235,7 @@ class FusedRetriever:
         sizes = {r.n_passages for r in retrievers}
         if len(sizes) != 1:
             raise ValueError(f"the retrievers index different numbers of passages: {sorted(sizes)}")
-        _check_k(depth, "depth")
+        lexical.check_k(depth, "depth")
         if isinstance(rrf_k, bool) or not isinstance(rrf_k, numbers.Real) or not (math.isfinite(rrf_k) and rrf_k > 0):
             raise ValueError(f"rrf_k must be finite and > 0, got {rrf_k!r}")
         self.retrievers, self.depth, self.rrf_k = tuple(retrievers), depth, float(rrf_k)
@@ -251,7 +243,7 @@ class FusedRetriever:
 
     def search_many(self, queries: Sequence[Query], k: int) -> list[list[Hit]]:
         """The k best fused passages of each query, best first; equal scores keep first appearance."""
-        _check_k(k)
+        lexical.check_k(k)
         queries = _queries(queries)
         per_retriever = [r.search_many(queries, self.depth) for r in self.retrievers]
         out = []
@@ -279,7 +271,7 @@ def recall_at_k(ranked: Sequence[Sequence[int | Hit]], relevant: Sequence[Sequen
     a ValueError if no query has one. With one relevant passage per query this is the hit rate.
     Example: ``recall_at_k([[3, 1, 2], [5, 4]], [[1, 9], [4]], 2)`` → (1/2 + 1) / 2 = 0.75.
     """
-    _check_k(k)
+    lexical.check_k(k)
     if len(ranked) != len(relevant):
         raise ValueError(f"ranked has {len(ranked)} queries but relevant has {len(relevant)}")
     recalls = []

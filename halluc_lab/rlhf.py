@@ -132,12 +132,13 @@ class _Rounds:
         self.optimizers = [opt(policy, cfg.lr), opt(value, cfg.value_lr)]
         self.graphs = {} if cuda_graph else None
 
-    def _run(self, name: str, body):
-        """``body()`` eagerly, or its graph (captured on the first call) replayed; its outputs."""
+    def _run(self, name: str, body, optimizers=()):
+        """``body()`` eagerly, or its graph (captured on the first call, undoing the warm-up's steps of
+        ``optimizers``) replayed; its outputs."""
         if self.graphs is None:
             return body()
         if name not in self.graphs:
-            self.graphs[name] = capture_graph(body, self.optimizers if name == "update" else ())
+            self.graphs[name] = capture_graph(body, optimizers)
         graph, out = self.graphs[name]
         graph.replay()
         return out
@@ -188,7 +189,7 @@ class _Rounds:
         for name, src in (("input_ids", self.rows["input_ids"]), ("labels", self.rows["labels"]),
                           ("logp_old", scored["logp_old"]), ("adv", scored["adv"]), ("returns", scored["returns"])):
             torch.index_select(src, 0, idx, out=self.mini[name])
-        out = self._run("update", self._update_body)
+        out = self._run("update", self._update_body, self.optimizers)
         if self.graphs is None:
             for opt in self.optimizers:
                 opt.zero_grad(set_to_none=True)

@@ -21,6 +21,7 @@ from halluc_lab.lexical import (
     edit_table,
     idf_bm25,
     idf_plain,
+    idf_okapi,
     idf_robertson,
     idf_smooth,
     pmi,
@@ -429,19 +430,13 @@ def test_bm25_equals_bm25s_robertson_with_negative_idf_clipped_to_zero():
             _assert_same_ranking(ours, theirs, 1e-12)
 
 
-def _rank_bm25_idf(df, n, epsilon=0.25):
-    """rank-bm25's BM25Okapi idf: Robertson's, negative values replaced by ε × the mean idf."""
-    idf = idf_robertson(df, n)
-    return np.where(idf < 0, epsilon * idf.mean(), idf)
-
-
 def test_bm25_equals_rank_bm25_okapi_with_its_epsilon_floor_and_differs_without():
     rank_bm25 = pytest.importorskip("rank_bm25")
     corpus = _zipf_corpus()
     for k1, b in PARAMS:
         okapi = rank_bm25.BM25Okapi(corpus, k1=k1, b=b, epsilon=0.25)
         for query in _queries():
-            ours = bm25_scores(query, corpus, k1=k1, b=b, idf=_rank_bm25_idf)
+            ours = bm25_scores(query, corpus, k1=k1, b=b, idf=idf_okapi)
             theirs = okapi.get_scores(query)
             np.testing.assert_allclose(ours, theirs, rtol=1e-12, atol=_tol(ours, 1e-12))
             _assert_same_ranking(ours, theirs, 1e-12)
