@@ -64,7 +64,7 @@ from halluc_lab.engine_checks import MAX_STOP_TOKENS, check_count, check_force, 
 from halluc_lab.kv_cache import KVCache, rollback_request
 
 Tensor = torch.Tensor
-MAX_ENGINES_PER_MODEL = 4  # generate() keeps this many engines (batch buckets × lengths) per model
+MAX_ENGINES_PER_MODEL = 6  # engine_for keeps this many engines (kinds × batch buckets × lengths) per model
 NO_LOGITS = torch.zeros(0, dtype=torch.long)  # logits_to_keep for a prefill: no position's logits are used
 
 
@@ -107,6 +107,9 @@ class Engine:
     the cache's dtype and compute dtype (default: the weights'; a different one runs the model under
     autocast). ``cuda_graph``: capture the decode step (default: on CUDA devices).
     """
+
+    # Buffers a step writes that the warm-up before a capture must leave as they were.
+    _STEP_STATE = ("tok", "n_out", "finished", "stopped", "force_tok", "force_mask")
 
     def __init__(self, model: nn.Module, batch_size: int, max_positions: int, *,
                  dtype: torch.dtype | None = None, cuda_graph: bool | None = None) -> None:
@@ -226,7 +229,7 @@ class Engine:
     def _step_body(self) -> None:
         """One decode step for every row, on the device only (no host sync): what the graph captures."""
         p = self.params
-        logits = self.model(self.tok[:, None], cache=self.cache)[:, -1]  # (B, V) next-token logits
+        logits = self._logits(self.model(self.tok[:, None], cache=self.cache)[:, -1])  # (B, V) next-token logits
         self.cache.lengths -= self.finished.long()  # finished rows keep their length (their write is masked)
         logp = sampling.log_softmax(logits, validate=False)  # (B, V) float32, temperature 1
         if p.greedy:
@@ -234,17 +237,29 @@ class Engine:
         else:
             choice = sampling.sample(logits, p.temperature, p.top_k, p.top_p, self.generator, validate=False)
         token = torch.where(self.force_mask, self.force_tok, choice)  # (B,) the caller's token wins
+        self._record(token, logp.gather(1, token[:, None])[:, 0])
+        self.force_mask.zero_()  # a forced token applies to one step
+
+    def _logits(self, logits: Tensor) -> Tensor:
+        """The next-token logits a step chooses from (a subclass may mask tokens); here unchanged."""
+        return logits
+
+    def _record(self, token: Tensor, logp: Tensor) -> None:
+        """Append each active row's ``token`` (B,) and its log-prob ``logp`` (B,); make it pending; stop rows."""
         active = ~self.finished  # (B,)
         col = self.n_out[:, None]  # (B, 1) next output column of each row
         self.out_tokens.scatter_(1, col, token[:, None])
-        self.out_logprobs.scatter_(1, col, logp.gather(1, token[:, None]))
+        self.out_logprobs.scatter_(1, col, logp[:, None])
         self.out_sampled.scatter_(1, col, ~self.force_mask[:, None])
         self.n_out += active.long()
         self.tok.copy_(torch.where(active, token, self.tok))
+        self._finish(active, token, self.n_out)
+
+    def _finish(self, active: Tensor, token: Tensor, spent: Tensor) -> None:
+        """Stop active rows whose ``token`` is a stop token or whose ``spent`` (B,) tokens reach the budget."""
         hit_stop = (token[:, None] == self.stop_buf[None, :]).any(dim=1)  # (B,)
         self.stopped |= active & hit_stop
-        self.finished |= active & (hit_stop | (self.n_out >= self.budget))
-        self.force_mask.zero_()  # a forced token applies to one step
+        self.finished |= active & (hit_stop | (spent >= self.budget))
 
     def step(self, force: Mapping[int, int] | None = None) -> None:
         """Generate one token in every unfinished row; ``force`` maps rows to tokens they must take instead.
@@ -272,8 +287,7 @@ class Engine:
 
     def _capture(self) -> torch.cuda.CUDAGraph:
         """Warm up on a side stream, capture one step, then put every buffer and the generator back."""
-        saved = {name: getattr(self, name).clone() for name in
-                 ("tok", "n_out", "finished", "stopped", "force_tok", "force_mask")}
+        saved = {name: getattr(self, name).clone() for name in self._STEP_STATE}
         saved_lengths, saved_bound = self.cache.lengths.clone(), self.cache.bound
         saved_rng = self.generator.get_state()
         self.cache.bound = 0  # the room check must not sync inside the capture; budgets guarantee room
@@ -372,19 +386,24 @@ _ENGINES: "weakref.WeakKeyDictionary[nn.Module, dict]" = weakref.WeakKeyDictiona
 
 
 def engine_for(model: nn.Module, batch_size: int, max_positions: int, *, dtype: torch.dtype | None = None,
-               cuda_graph: bool | None = None) -> Engine:
+               cuda_graph: bool | None = None, engine_type: type[Engine] | None = None, **options) -> Engine:
     """A cached :class:`Engine` for at least this batch and length: batch rounded up to a power of two,
-    positions to a multiple of 64, so repeated calls reuse the cache and the captured graphs."""
+    positions to a multiple of 64, so repeated calls reuse the cache and the captured graphs.
+
+    ``engine_type`` (a subclass, e.g. :class:`halluc_lab.backtrack.BacktrackEngine`) and its keyword
+    ``options`` are part of the key: each kind of engine keeps its own cache and graphs."""
     check_count("batch_size", batch_size)
+    engine_type = engine_type or Engine
     bucket = 1 << (batch_size - 1).bit_length()  # 1, 2, 4, 8, ...
     positions = 64 * math.ceil(max_positions / 64)
     dtype = dtype or model.embed_tokens.weight.dtype
-    key = (bucket, positions, dtype, cuda_graph, model.embed_tokens.weight.device)
+    key = (engine_type, tuple(sorted(options.items())), bucket, positions, dtype, cuda_graph,
+           model.embed_tokens.weight.device)
     engines = _ENGINES.setdefault(model, {})
     if key not in engines:
         if len(engines) >= MAX_ENGINES_PER_MODEL:  # caches and graphs hold device memory: drop the oldest
             engines.pop(next(iter(engines)))
-        engines[key] = Engine(model, bucket, positions, dtype=dtype, cuda_graph=cuda_graph)
+        engines[key] = engine_type(model, bucket, positions, dtype=dtype, cuda_graph=cuda_graph, **options)
         # The dictionary is weak in its keys; an engine holding its model strongly would keep the
         # model (and the engine's device memory) alive forever, so cached engines hold it weakly.
         engines[key]._keep = None
