@@ -158,12 +158,17 @@ def cache_root() -> str:
     return os.path.join(base, "halluc_lab")
 
 
-def _canonical(recipe: Recipe) -> dict:
-    """The recipe as plain data, with the task's and the stage's types (asdict would drop them)."""
-    d = dataclasses.asdict(recipe)
-    d["task_type"], d["stage_type"] = type(recipe.task).__name__, type(recipe.stage).__name__
-    d["parent"] = None if recipe.parent is None else _canonical(recipe.parent)
-    return d
+def _canonical(value):
+    """A recipe as plain data, every dataclass in it with its type's name (``asdict`` would drop the types, and
+    two configs with the same fields — a task's, a stage's, a policy loss's — would share a key)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {"__type__": type(value).__name__,
+                **{f.name: _canonical(getattr(value, f.name)) for f in dataclasses.fields(value)}}
+    if isinstance(value, (list, tuple)):
+        return [_canonical(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _canonical(v) for k, v in value.items()}
+    return value
 
 
 @lru_cache(maxsize=None)

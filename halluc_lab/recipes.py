@@ -45,11 +45,12 @@ from halluc_lab.preference import DPOTraining, RSFTTraining
 from halluc_lab.recipe_cache import (SCALES, CacheWarning, Prepare, Recipe, Stage, Trained, cache_root,
                                      code_fingerprint, code_modules, directory, key, load_recipe, used, with_seed)
 from halluc_lab.rlhf import PPOConfig, PPOTraining, RewardModelPlan
+from halluc_lab.rlvr import RLVRConfig, RLVRTraining
 from halluc_lab.sft import BackspaceConfig, backspace_demonstration, scheduled_sampling
 from halluc_lab.tasks import ArithmeticConfig, KBWalkConfig, PathStarConfig, TaskConfig, make_task
 from halluc_lab.train import TrainConfig
 
-__all__ = ["Recipe", "with_seed", "Stage", "Pretraining", "SFT", "ScheduledSampling", "DPO", "RSFT", "PPO", "get", "NAMES", "TASKS",
+__all__ = ["Recipe", "with_seed", "Stage", "Pretraining", "SFT", "ScheduledSampling", "DPO", "RSFT", "PPO", "RLVR", "get", "NAMES", "TASKS",
            "STAGES", "SCALES", "training_rows", "load", "load_recipe", "Trained", "CacheWarning", "key",
            "directory", "cache_root", "code_modules", "code_fingerprint", "used", "prefetch"]
 
@@ -147,6 +148,12 @@ class PPO(PPOTraining, Stage):
     first to the starting model's ranked samples (chapter 9; :class:`halluc_lab.rlhf.PPOTraining` says how)."""
 
 
+@dataclass(frozen=True)
+class RLVR(RLVRTraining, Stage):
+    """RLVR with group baselines on the task's verifier, ``<bksp>`` allowed or masked (chapter 10;
+    :class:`halluc_lab.rlvr.RLVRTraining` says how)."""
+
+
 @lru_cache(maxsize=4)
 def _pretraining_rows(task: TaskConfig, seq_len: int, seed: int) -> Batch:
     """The task's pre-training corpus (drawn with ``seed``), a document per sequence, packed in rows of ``seq_len``."""
@@ -176,6 +183,7 @@ class TaskPlan:
     preference_prompts: int | None = None  # prompts the preference stages learn from (held-out, learning half)
     ppo: PPOConfig | None = None  # the PPO stages' rounds (their steps and rate come from the tables here)
     reward_model: RewardModelPlan | None = None  # how RLHF fits its reward model
+    rlvr: RLVRConfig | None = None  # the RLVR stages' rounds (their steps and rate come from the tables here)
 
 
 @dataclass(frozen=True)
@@ -195,6 +203,9 @@ SCALE_PLANS = {
     "full": ScalePlan(ModelConfig(vocab_size=1, hidden_size=256, n_layers=4, n_heads=8, n_kv_heads=4,
                                   max_positions=256), batch_size=128, seq_len=128),
 }
+
+
+RLVR_LAMBDA = 3.0  # the RLVR stages' penalty of a wrong answer (chapter 10)
 
 
 def _sft(**changes) -> StagePlan:
@@ -233,18 +244,29 @@ STAGE_PLANS = {
     "ppo": _preference(lambda plan: PPO(plan.preference_prompts, plan.ppo), lr={"smoke": 3e-4, "full": 2e-5}, seed=2),
     "rlhf": _preference(lambda plan: PPO(plan.preference_prompts, plan.ppo, reward_model=plan.reward_model),
                         lr={"smoke": 3e-4, "full": 2e-5}, seed=2),
+    # Chapter 10: RLVR with GRPO's loss on the verifier's reward with abstention, λ = 3 (answering pays when
+    # P(correct) > 3/4), from clean SFT with <bksp> masked (the baseline without take-backs) and from backspace
+    # SFT with <bksp> allowed, in the context chapter 8 trained it in ("keep"). Same rounds, rollouts and rate.
+    "rlvr": StagePlan(lambda plan: RLVR(plan.preference_prompts, dataclasses.replace(plan.rlvr, allow_bksp=False),
+                                        lam=RLVR_LAMBDA), lr={"smoke": 3e-4, "full": 2e-5}, warmup_divisor=10, seed=3,
+                      parent="sft-clean"),
+    "rlvr-bksp": StagePlan(lambda plan: RLVR(plan.preference_prompts, plan.rlvr, lam=RLVR_LAMBDA),
+                           lr={"smoke": 3e-4, "full": 2e-5}, warmup_divisor=10, seed=3, parent="sft-backspace"),
 }
 STAGES = tuple(STAGE_PLANS)
 _SFT_STAGES = ("sft-clean", "sft-backspace", "sft-scheduled")
 # Chapter 9's stages on kb_walk and arithmetic, about three passes over their rows: DPO's pairs (one per prompt
 # whose 8 samples do not all tie) and RSFT's kept samples, packed (about ten to a row).
-_PREFERENCE_STEPS = {"smoke": {"dpo": 40, "rsft": 9, "rsft-soft": 9, "ppo": 8},
-                     "full": {"dpo": 60, "rsft": 8, "rsft-soft": 8, "ppo": 48}}
+_PREFERENCE_STEPS = {"smoke": {"dpo": 40, "rsft": 9, "rsft-soft": 9, "ppo": 8, "rlvr": 16, "rlvr-bksp": 16},
+                     "full": {"dpo": 60, "rsft": 8, "rsft-soft": 8, "ppo": 48, "rlvr": 100, "rlvr-bksp": 100}}
 # PPO's rounds: 64 prompts × 8 rollouts at full scale, 2 epochs of 2 minibatches each (rounds: the steps above).
 _PPO = {"smoke": PPOConfig(prompts_per_iteration=16, samples_per_prompt=8, kl_coef=0.1, value_lr=3e-4),
         "full": PPOConfig(prompts_per_iteration=64, samples_per_prompt=8, kl_coef=0.1, value_lr=1e-4)}
+# RLVR's rounds: 64 prompts × G = 8 rollouts at full scale, one GRPO step per round (on-policy).
+_RLVR = {"smoke": RLVRConfig(prompts_per_iteration=16, samples_per_prompt=8),
+         "full": RLVRConfig(prompts_per_iteration=64, samples_per_prompt=8)}
 _REWARD_MODEL = {"smoke": RewardModelPlan(steps=60, lr=1e-3, batch_size=16), "full": RewardModelPlan()}
-_PREFERENCE = {scale: dict(preference_prompts=n, ppo=_PPO[scale], reward_model=_REWARD_MODEL[scale])
+_PREFERENCE = {scale: dict(preference_prompts=n, ppo=_PPO[scale], reward_model=_REWARD_MODEL[scale], rlvr=_RLVR[scale])
                for scale, n in (("smoke", 256), ("full", 3072))}
 
 # Pre-training is exactly one pass over the corpus (no "pretrain" in steps), so a rare kb_walk fact is seen

@@ -388,15 +388,28 @@ Reward = Callable[[list[list[int]], list[list[int]]], Sequence[float]]
 
 @dataclass(frozen=True)
 class VerifierReward:
-    """The task's verifier as a :data:`Reward` on token ids: +1 correct, 0 abstained, −λ wrong."""
+    """The task's verifier as a :data:`Reward` on token ids: +1 correct, 0 abstained, −λ wrong, judged on the text
+    the ``<bksp>`` tokens leave; minus ``bksp_cost`` per ``<bksp>`` (chapter 10: a take-back is not free).
+
+    With λ, answering pays in expectation only when P(correct) > λ/(1 + λ): +1·p − λ(1 − p) > 0."""
 
     task: Task  # whose verifier judges
     tok: Tokenizer  # to turn ids back into the task's text
     lam: float = 1.0  # λ, the penalty of a wrong answer
+    bksp_cost: float = 0.0  # subtracted once per <bksp> in the completion
 
-    def __call__(self, prompts: list[list[int]], completions: list[list[int]]) -> list[float]:
+    def __post_init__(self):
+        for name in ("lam", "bksp_cost"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+
+    def __call__(self, prompts: list[list[int]], completions: list[list[int]], **kw) -> list[float]:
         texts = [self.tok.decode(p[1:] if list(p[:1]) == [self.tok.bos_id] else p) for p in prompts]
-        return list(score_answers(self.task, texts, [self.tok.decode(c) for c in completions]).rewards(self.lam))
+        rewards = score_answers(self.task, texts, [self.tok.decode(c) for c in completions]).rewards(self.lam)
+        if self.bksp_cost == 0:
+            return list(rewards)
+        return [r - self.bksp_cost * list(c).count(self.tok.bksp_id) for r, c in zip(rewards, completions)]
 
 
 @dataclass(frozen=True, eq=False)

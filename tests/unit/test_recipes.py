@@ -65,10 +65,12 @@ def test_every_name_exists_at_smoke_scale_and_sft_starts_from_its_pretraining():
         assert isinstance(r.stage, recipes.Pretraining) == name.endswith("-pretrain") == (r.parent is None)
         if r.parent is not None:
             # path_star's backspace SFT and its control continue from clean SFT (recipes.TASK_PLANS says why)
-            # and chapter 9's preference stages start from clean SFT, their reference policy
+            # and chapter 9's preference stages start from clean SFT, their reference policy; chapter 10's RLVR
+            # from clean SFT (<bksp> masked) or from backspace SFT (<bksp> allowed)
             task, stage = name.split("-", 1)
             parent = (f"{task}-sft-clean" if name in ("path_star-sft-backspace", "path_star-sft-continued")
-                      or stage in ("dpo", "rsft", "rsft-soft", "ppo", "rlhf") else f"{task}-pretrain")
+                      or stage in ("dpo", "rsft", "rsft-soft", "ppo", "rlhf", "rlvr")
+                      else f"{task}-sft-backspace" if stage == "rlvr-bksp" else f"{task}-pretrain")
             assert r.parent == recipes.get(parent, "smoke") and r.model == r.parent.model
             assert r.pretraining == recipes.get(name.split("-")[0] + "-pretrain", "smoke")  # the replay corpus
     assert recipes.get("kb_walk-sft-backspace", "smoke").stage.backspace == BackspaceConfig(rate=0.1)

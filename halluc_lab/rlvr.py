@@ -1,0 +1,318 @@
+"""RLVR: reinforcement learning from the task's verifier, with group baselines and an optional ``<bksp>``.
+
+Chapter 10. Sources: 001 Part 2 §3 (RLVR, Listing 3: nanochat's simplified GRPO), 000 §7 (exposure bias,
+§7.3 detect–backtrack–correct); Shao et al. 2024 (GRPO), Liu et al. 2025 (Dr. GRPO), Yu et al. 2025
+(DAPO), Kalai et al. 2025 (rewarding abstention)::
+
+    hist = rlvr(policy, reference, prompts, VerifierReward(task, tok, lam=3.0), RLVRConfig(), GRPO(),
+                tok=tok, seed=0)
+
+A round: ``prompts_per_iteration`` prompts, each prefilled once and continued ``samples_per_prompt`` = G
+times at temperature 1 by the backspace controller (:mod:`halluc_lab.backtrack`: a sampled ``<bksp>``
+takes back the last token, in the ``"keep"`` or ``"erase"`` context, or is masked out). The reward sees
+what the answer finally says (after the take-backs) and pays +1 correct, 0 abstained, −λ wrong, minus an
+optional cost per ``<bksp>``. Each rollout's advantage is its reward against its group's mean (divided by
+the group's standard deviation when the loss asks); every token the rollout sampled — the erased ones and
+the ``<bksp>`` included, each in the context it was sampled in — gets it. Then ``minibatches`` optimizer
+steps, each on whole groups, minimise the loss the caller passes (:class:`Listing3`, :class:`GRPO`,
+:class:`DrGRPO`, :class:`DAPO`: the formulas are :mod:`halluc_lab.losses`'), with an optional k3 KL term to
+the reference policy; the KL is measured every round either way.
+
+Where the code departs from the documents: Listing 3 never calls ``loss.backward()`` before
+``optimizer.step()``, so as printed it trains nothing; :class:`Listing3` is the listing with the backward
+pass (and the mean over real tokens, not padding). π_old's log-probs come from a forward pass before the
+round's first step (so the first ratio is 1); with one minibatch they are the step's own, detached.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from halluc_lab.backtrack import CONTEXTS, Rollout, rollout, training_rows
+from halluc_lab.data import IGNORE, pad
+from halluc_lab.device import deterministic
+from halluc_lab.evaluate import answer_budget, model_device
+from halluc_lab.losses import (check_positive, dapo_loss, dr_grpo_loss, grpo_loss, group_advantages, kl_estimates,
+                               listing3_loss, token_logprobs)
+from halluc_lab.preference import preference_examples
+from halluc_lab.progress import progress
+from halluc_lab.reward_model import Reward, VerifierReward
+from halluc_lab.step import autocast, make_optimizer
+from halluc_lab.tasks import make_task
+from halluc_lab.tasks.base import check_count
+from halluc_lab.tokenizer import Tokenizer
+from halluc_lab.train import History, TrainConfig
+
+Tensor = torch.Tensor
+
+
+# -- the losses, as callables: the variant is the object passed -------------------------------------------
+@dataclass(frozen=True)
+class Listing3:
+    """001's Listing 3 with its backward pass: −mean over tokens of log π · A, A = R − mean of the group."""
+
+    scale_advantages = False  # mean-shifted only
+
+    def __call__(self, logp, logp_old, advantages, mask, *, kl, beta, max_tokens) -> Tensor:
+        if beta:
+            raise ValueError("Listing 3 has no KL term: use beta=0, or GRPO for a KL-regularised loss")
+        return listing3_loss(logp, advantages, mask)
+
+
+@dataclass(frozen=True)
+class GRPO:
+    """GRPO (Shao et al. 2024): the clipped ratio, A scaled by the group's std, each sequence's tokens averaged."""
+
+    clip: float = 0.2
+    scale_advantages = True
+
+    def __call__(self, logp, logp_old, advantages, mask, *, kl, beta, max_tokens) -> Tensor:
+        return grpo_loss(logp, logp_old, advantages, mask, clip=self.clip, kl=kl, beta=beta)
+
+
+@dataclass(frozen=True)
+class DrGRPO:
+    """Dr. GRPO (Liu et al. 2025): no std scaling of A, no per-sequence length average (a constant instead)."""
+
+    clip: float = 0.2
+    scale_advantages = False
+
+    def __call__(self, logp, logp_old, advantages, mask, *, kl, beta, max_tokens) -> Tensor:
+        return dr_grpo_loss(logp, logp_old, advantages, mask, max_tokens=max_tokens, clip=self.clip, kl=kl, beta=beta)
+
+
+@dataclass(frozen=True)
+class DAPO:
+    """DAPO (Yu et al. 2025): token-level average over the batch and clip-higher, [1 − ε_low, 1 + ε_high]."""
+
+    clip_low: float = 0.2
+    clip_high: float = 0.28
+    scale_advantages = True
+
+    def __call__(self, logp, logp_old, advantages, mask, *, kl, beta, max_tokens) -> Tensor:
+        return dapo_loss(logp, logp_old, advantages, mask, clip_low=self.clip_low, clip_high=self.clip_high,
+                         kl=kl, beta=beta)
+
+
+POLICY_LOSSES = (Listing3, GRPO, DrGRPO, DAPO)
+
+
+@dataclass(frozen=True)
+class RLVRConfig:
+    """One RLVR run: rounds of group rollouts, each followed by ``minibatches`` optimizer steps."""
+
+    iterations: int = 20  # rounds
+    prompts_per_iteration: int = 16  # prompts per round (a seeded order, cycling through the prompts)
+    samples_per_prompt: int = 8  # G: rollouts per prompt from one prefill; the group baseline needs G >= 2
+    max_new_tokens: int = 16  # emitted tokens per rollout, take-backs included
+    minibatches: int = 1  # optimizer steps per round, each on an equal share of the round's groups
+    lr: float = 1e-5  # AdamW's rate (constant)
+    grad_clip: float = 1.0  # global gradient-norm clip
+    beta: float = 0.0  # weight of the k3 KL term to the reference in the loss (0: none)
+    context: str = "keep"  # what a <bksp> leaves in the context: "keep" or "erase" (halluc_lab.backtrack)
+    allow_bksp: bool = True  # False: <bksp> is masked out of rollouts and of the policy's log-probs
+
+    def __post_init__(self):
+        for name in ("iterations", "prompts_per_iteration", "max_new_tokens", "minibatches"):
+            check_count(name, getattr(self, name), 1)
+        if isinstance(self.samples_per_prompt, bool) or not isinstance(self.samples_per_prompt, int) \
+                or self.samples_per_prompt < 2:
+            raise ValueError(f"samples_per_prompt must be an int >= 2 (a group baseline needs at least 2 samples), "
+                             f"got {self.samples_per_prompt!r}")
+        for name in ("lr", "grad_clip"):
+            check_positive(name, getattr(self, name))
+        if isinstance(self.beta, bool) or not isinstance(self.beta, (int, float)) or not (
+                math.isfinite(self.beta) and self.beta >= 0):
+            raise ValueError(f"beta must be a finite number >= 0, got {self.beta!r}")
+        if self.context not in CONTEXTS:
+            raise ValueError(f"context must be one of {CONTEXTS}, got {self.context!r}")
+        if not isinstance(self.allow_bksp, bool):
+            raise TypeError(f"allow_bksp must be a bool, got {self.allow_bksp!r}")
+        if self.prompts_per_iteration % self.minibatches:
+            raise ValueError(f"prompts_per_iteration={self.prompts_per_iteration} must split into "
+                             f"minibatches={self.minibatches} equal shares of whole groups")
+
+
+@dataclass
+class RLVRHistory:
+    """Per round, means over its rollouts."""
+
+    reward: list[float] = field(default_factory=list)  # the reward optimised
+    abstained: list[float] = field(default_factory=list)  # share whose final text holds <abstain>
+    kl: list[float] = field(default_factory=list)  # Σ_t k3 per rollout: KL(π ‖ π_ref) estimated on its tokens
+    length: list[float] = field(default_factory=list)  # emitted tokens per rollout, take-backs included
+    bksp_rate: list[float] = field(default_factory=list)  # <bksp> per emitted token
+    zero_groups: list[float] = field(default_factory=list)  # share of groups whose rewards all tie (no signal)
+
+
+# -- a round's tensors --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RoundRows:
+    """Rollouts as training rows, and where each row's targets go in the rollouts' (N, M) log."""
+
+    input_ids: Tensor  # (R, W) prompt + context + targets, padded
+    labels: Tensor  # (R, W) the sampled tokens as targets, IGNORE elsewhere
+    slot: Tensor  # (K,) index into the flattened (N, M) log of each target, in the rows' target order
+    shape: tuple[int, int]  # (N, M): rollouts, log columns
+
+    def to(self, device) -> "RoundRows":
+        return RoundRows(self.input_ids.to(device), self.labels.to(device), self.slot.to(device), self.shape)
+
+
+def round_rows(prompts: Sequence[Sequence[int]], logs: Sequence[Sequence[int]], sampled: Sequence[Sequence[bool]],
+               width: int, *, bksp_id: int, context: str, pad_id: int) -> RoundRows:
+    """Every sampled token of every rollout as a target in the context it was sampled in
+    (:func:`~halluc_lab.backtrack.training_rows`), and each target's place in a log ``width`` columns wide."""
+    seqs, slots = [], []
+    for i, (prompt, toks, flags) in enumerate(zip(prompts, logs, sampled)):
+        seqs += training_rows(prompt, toks, flags, bksp_id, context)
+        slots += [i * width + j for j, s in enumerate(flags) if s]  # training_rows keeps the log's order
+    batch = pad(seqs, pad_id)
+    return RoundRows(batch.input_ids, batch.labels, torch.tensor(slots, dtype=torch.long), (len(logs), width))
+
+
+def log_logprobs(model: nn.Module, rows: RoundRows, banned: Sequence[int] = ()) -> Tensor:
+    """``(N, M)`` log π of each rollout's sampled tokens, in log order (0 elsewhere); ``banned`` tokens' logits
+    are masked first (the policy that never emits them)."""
+    logits = model(rows.input_ids)  # (R, W, V)
+    if banned:
+        logits = logits.index_fill(-1, torch.tensor(list(banned), device=logits.device), float("-inf"))
+    lp = token_logprobs(logits, rows.labels).float()  # (R, W-1)
+    flat = torch.zeros(rows.shape[0] * rows.shape[1], device=lp.device)
+    return flat.index_put((rows.slot,), lp[rows.labels[:, 1:] != IGNORE]).view(rows.shape)
+
+
+def rlvr(policy: nn.Module, reference: nn.Module, prompts: Sequence[Sequence[int]], reward: Reward, cfg: RLVRConfig,
+         loss=GRPO(), *, tok: Tokenizer, seed: int, autocast_dtype: torch.dtype | None = None,
+         desc: str = "rlvr") -> RLVRHistory:
+    """Train ``policy`` in place to maximise the verifier's reward (module docstring); its history.
+
+    ``reference``: a frozen copy of the starting policy (the KL's π_ref); ``prompts``: token ids, ``<bos>``
+    first; ``reward``: ``(prompts, completions, **kw) -> list[float]`` on token ids, the completion being the
+    rollout's whole log (the verifier applies the take-backs); ``loss``: one of :data:`POLICY_LOSSES`;
+    ``tok``: the ids of ``<bksp>``, ``<abstain>``, ``<eos>`` and ``<pad>``. Sampling and minibatch order
+    follow ``seed``.
+    """
+    if reference is policy:
+        raise ValueError("reference must be a model of its own: a frozen copy of the starting policy")
+    if not isinstance(loss, POLICY_LOSSES):
+        raise TypeError(f"loss must be one of {[c.__name__ for c in POLICY_LOSSES]}, got {type(loss).__name__}")
+    if not prompts:
+        raise ValueError("prompts must hold at least one prompt")
+    device, G, M = model_device(policy), cfg.samples_per_prompt, cfg.max_new_tokens
+    order_g, sample_g = torch.Generator().manual_seed(seed), torch.Generator(device=device).manual_seed(seed)
+    optimizer = make_optimizer(policy, TrainConfig(lr=cfg.lr, betas=(0.9, 0.999), weight_decay=0.0))
+    banned = () if cfg.allow_bksp else (tok.bksp_id,)
+    was_training = policy.training
+    reference.eval()
+    order, hist = [], RLVRHistory()
+    for _ in progress(range(cfg.iterations), desc=desc):
+        while len(order) < cfg.prompts_per_iteration:
+            order += torch.randperm(len(prompts), generator=order_g).tolist()
+        todo, order = order[:cfg.prompts_per_iteration], order[cfg.prompts_per_iteration:]
+        repeated = [list(prompts[i]) for i in todo for _ in range(G)]
+        policy.eval()
+        out = rollout(policy, [prompts[i] for i in todo], M, bksp_id=tok.bksp_id, context=cfg.context,
+                      allow_bksp=cfg.allow_bksp, stop_tokens=(tok.eos_id,), generator=sample_g, dtype=autocast_dtype,
+                      n_samples=G)
+        logs, sampled = out.token_lists(), out.sampled_lists()
+        scores = [float(r) for r in reward(repeated, logs)]
+        if len(scores) != len(logs) or not all(math.isfinite(r) for r in scores):
+            raise ValueError(f"reward must return one finite number per completion ({len(logs)}), got {scores[:8]}")
+        rewards = torch.tensor(scores)
+        advantages = group_advantages(rewards, G, scale=loss.scale_advantages).to(device)
+        mask = torch.nn.functional.pad(out.sampled_mask, (0, M - out.sampled_mask.shape[1])).to(device)  # (N, M)
+        parts = [(groups[:, None] * G + torch.arange(G)).flatten()  # rollouts of each minibatch's whole groups
+                 for groups in torch.randperm(cfg.prompts_per_iteration, generator=order_g).chunk(cfg.minibatches)]
+        rows = [round_rows([repeated[i] for i in part], [logs[i] for i in part], [sampled[i] for i in part], M,
+                           bksp_id=tok.bksp_id, context=cfg.context, pad_id=tok.pad_id).to(device) for part in parts]
+        with torch.no_grad(), autocast(device, autocast_dtype):  # before any step: π_ref, and π_old if it differs
+            ref = [log_logprobs(reference, r, banned) for r in rows]
+            old = [log_logprobs(policy, r, banned) for r in rows] if cfg.minibatches > 1 else None
+        policy.train()
+        kl_sum = torch.zeros((), device=device)
+        for k, (part, r) in enumerate(zip(parts, rows)):
+            m = mask[part.to(device)]
+            with autocast(device, autocast_dtype):
+                logp = log_logprobs(policy, r, banned)
+            kl = kl_estimates(logp.detach(), ref[k], m).k3  # the KL estimate enters the loss with its own gradient
+            kl_term = kl_estimates(logp, ref[k], m).k3 if cfg.beta else None
+            value = loss(logp, logp.detach() if old is None else old[k], advantages[part.to(device)], m,
+                         kl=kl_term, beta=cfg.beta, max_tokens=M)
+            optimizer.zero_grad(set_to_none=True)
+            value.backward()
+            torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.grad_clip)
+            optimizer.step()
+            kl_sum += kl.sum()
+        _record(hist, rewards, out, float(kl_sum) / len(logs), tok, G)
+    policy.train(was_training)
+    return hist
+
+
+def _record(hist: RLVRHistory, rewards: Tensor, out: Rollout, kl: float, tok: Tokenizer, G: int) -> None:
+    """Append a round's means to ``hist``."""
+    texts = out.text_lists()
+    emitted = out.lengths.sum().item()
+    tied = (rewards.view(-1, G) == rewards.view(-1, G)[:, :1]).all(1)
+    for name, v in (("reward", rewards.mean().item()), ("abstained", sum(tok.abstain_id in t for t in texts) / len(texts)), ("kl", kl),
+                    ("length", emitted / len(texts)),
+                    ("bksp_rate", (out.tokens == tok.bksp_id).sum().item() / max(emitted, 1)),
+                    ("zero_groups", tied.float().mean().item())):
+        getattr(hist, name).append(v)
+
+
+# -- the recipe stage ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RLVRTraining:
+    """RLVR from the starting model on ``n_prompts`` prompts of :func:`~halluc_lab.preference.preference_examples`
+    (the recipe's seed; chapter 9's methods learn from the same), rewarded by the task's verifier: +1 correct,
+    0 abstained, −``lam`` wrong, −``bksp_cost`` per ``<bksp>``.
+
+    The registry's stage is ``@dataclass(frozen=True) class RLVR(RLVRTraining, Stage)``. Of ``config``, the
+    recipe's ``train.steps`` replaces ``iterations``, ``train.lr`` replaces ``lr`` and the prompts' answer budget
+    ``max_new_tokens``. The history has one entry per round (loss: −mean reward) and the :class:`RLVRHistory`
+    series under ``metrics``. A killed run starts over.
+    """
+
+    n_prompts: int  # prompts drawn by preference_examples (with the recipe's seed)
+    config: RLVRConfig = RLVRConfig()  # rollouts per round, G, minibatches, β, context, allow_bksp
+    policy_loss: Listing3 | GRPO | DrGRPO | DAPO = GRPO()  # the loss (not ``loss``: a Stage's method of that name)
+    lam: float = 1.0  # λ: a wrong answer pays −λ, so answering pays when P(correct) > λ/(1 + λ)
+    bksp_cost: float = 0.0  # reward subtracted per <bksp>
+
+    def __post_init__(self):
+        check_count("n_prompts", self.n_prompts, 1)
+        if not isinstance(self.config, RLVRConfig):
+            raise TypeError(f"config must be an RLVRConfig, got {type(self.config).__name__}")
+        if not isinstance(self.policy_loss, POLICY_LOSSES):
+            raise TypeError(f"policy_loss must be one of {[c.__name__ for c in POLICY_LOSSES]}, "
+                            f"got {type(self.policy_loss).__name__}")
+        for name in ("lam", "bksp_cost"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+
+    def rows(self, recipe):
+        raise ValueError(f"{type(self).__name__} samples its rollouts from the policy as it trains: it has no rows")
+
+    def fit(self, recipe, model: nn.Module, device: torch.device, dtype: torch.dtype | None, checkpoints: str) -> History:
+        """Train ``model`` (the parent's weights) in place; its history."""
+        task = make_task(recipe.task)
+        tok = task.tokenizer()
+        examples = preference_examples(task, self.n_prompts, seed=recipe.seed)
+        cfg = dataclasses.replace(self.config, iterations=recipe.train.steps, lr=recipe.train.lr,
+                                  max_new_tokens=answer_budget(examples))
+        with deterministic():
+            reference = copy.deepcopy(model).eval().requires_grad_(False)  # π_ref: the starting model, frozen
+            h = rlvr(model, reference, [(tok.bos_id, *tok.encode(e.prompt)) for e in examples],
+                     VerifierReward(task, tok, self.lam, self.bksp_cost), cfg, self.policy_loss, tok=tok, seed=recipe.seed,
+                     autocast_dtype=dtype, desc=recipe.name)
+        return History(step=list(range(1, cfg.iterations + 1)), loss=[-r for r in h.reward], lr=[cfg.lr] * cfg.iterations,
+                       metrics=dataclasses.asdict(h))
