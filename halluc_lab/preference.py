@@ -54,6 +54,7 @@ from halluc_lab.losses import check_positive, dpo_loss, token_logprobs
 from halluc_lab.reward_model import (check_rate, PreferencePairs, SampleGroups, VerifierReward,  # noqa: F401 (re-exported)
                                      build_pairs, pair_index, pair_masks, rank_pairs, sample_groups)
 from halluc_lab.evaluate import distinct_examples, model_device
+from halluc_lab.sft import own_error_demonstration
 from halluc_lab.tasks import Example, Task, make_task
 from halluc_lab.tasks.base import check_count, split_of
 from halluc_lab.train import CheckpointError
@@ -299,3 +300,24 @@ class RSFTTraining(_FromOwnSamples):
         picks = (best_of_n(groups.rewards) if self.beta is None
                  else soft_best_of_n(groups.rewards, self.beta, torch.Generator().manual_seed(recipe.seed)))
         return rsft_rows(groups, picks, recipe.seq_len, min_reward=self.min_reward), None
+
+
+@dataclass(frozen=True)
+class OwnErrorsTraining(_FromOwnSamples):
+    """Backspace SFT on the starting model's own errors (chapter 10, DAgger-style): ``samples`` answers per prompt
+    at τ = 1, each turned by :func:`~halluc_lab.sft.own_error_demonstration` into its prefix up to its first wrong
+    symbol, ``<bksp>`` and the gold answer from there (a right answer: the clean example), packed in
+    ``recipe.seq_len`` rows; the loss is the stage default, next-token cross-entropy on the targets."""
+
+    n_prompts: int  # prompts drawn by preference_examples (with the recipe's seed)
+    samples: int = 2  # answers sampled per prompt
+
+    def __post_init__(self):
+        check_count("n_prompts", self.n_prompts, 1)
+        check_count("samples", self.samples, 1)
+
+    def build(self, model, tok, task, examples, recipe) -> tuple[Batch, None]:
+        groups = sample_groups(model, tok, task, examples, self.samples, seed=recipe.seed)
+        seqs = [own_error_demonstration(tok, ex, completion) for ex, answers in zip(examples, groups.completions)
+                for completion in answers]
+        return pack(seqs, recipe.seq_len, tok.pad_id), None

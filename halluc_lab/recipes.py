@@ -41,7 +41,7 @@ from torch import nn
 
 from halluc_lab.data import Batch, encode_document, encode_example, pack
 from halluc_lab.model import ModelConfig
-from halluc_lab.preference import DPOTraining, RSFTTraining
+from halluc_lab.preference import DPOTraining, OwnErrorsTraining, RSFTTraining
 from halluc_lab.recipe_cache import (SCALES, CacheWarning, Prepare, Recipe, Stage, Trained, cache_root,
                                      code_fingerprint, code_modules, directory, key, load_recipe, used, with_seed)
 from halluc_lab.rlhf import PPOConfig, PPOTraining, RewardModelPlan
@@ -50,7 +50,7 @@ from halluc_lab.sft import BackspaceConfig, backspace_demonstration, scheduled_s
 from halluc_lab.tasks import ArithmeticConfig, KBWalkConfig, PathStarConfig, TaskConfig, make_task
 from halluc_lab.train import TrainConfig
 
-__all__ = ["Recipe", "with_seed", "Stage", "Pretraining", "SFT", "ScheduledSampling", "DPO", "RSFT", "PPO", "RLVR", "get", "NAMES", "TASKS",
+__all__ = ["Recipe", "with_seed", "Stage", "Pretraining", "SFT", "ScheduledSampling", "DPO", "RSFT", "PPO", "OwnErrorsSFT", "RLVR", "get", "NAMES", "TASKS",
            "STAGES", "SCALES", "training_rows", "load", "load_recipe", "Trained", "CacheWarning", "key",
            "directory", "cache_root", "code_modules", "code_fingerprint", "used", "prefetch"]
 
@@ -146,6 +146,12 @@ class RSFT(RSFTTraining, Stage):
 class PPO(PPOTraining, Stage):
     """PPO with a KL penalty from the starting model, against the task's verifier or (RLHF) a reward model fit
     first to the starting model's ranked samples (chapter 9; :class:`halluc_lab.rlhf.PPOTraining` says how)."""
+
+
+@dataclass(frozen=True)
+class OwnErrorsSFT(OwnErrorsTraining, Stage):
+    """Backspace SFT on the starting model's own errors: cut at the first wrong symbol, ``<bksp>``, the gold answer
+    from there (chapter 10; :class:`halluc_lab.preference.OwnErrorsTraining` says how)."""
 
 
 @dataclass(frozen=True)
@@ -252,13 +258,21 @@ STAGE_PLANS = {
                       parent="sft-clean"),
     "rlvr-bksp": StagePlan(lambda plan: RLVR(plan.preference_prompts, plan.rlvr, lam=RLVR_LAMBDA),
                            lr={"smoke": 3e-4, "full": 2e-5}, warmup_divisor=10, seed=3, parent="sft-backspace"),
+    # The third starting point: backspace demonstrations from the clean SFT model's own errors (2 answers per
+    # prompt at τ = 1, cut at the first wrong symbol), at a third of clean SFT's rate; then RLVR from it.
+    "sft-own-errors": StagePlan(lambda plan: OwnErrorsSFT(plan.preference_prompts, samples=2),
+                                lr={"smoke": 1e-3, "full": 3e-4}, warmup_divisor=10, seed=3, parent="sft-clean"),
+    "rlvr-own": StagePlan(lambda plan: RLVR(plan.preference_prompts, plan.rlvr, lam=RLVR_LAMBDA),
+                          lr={"smoke": 3e-4, "full": 2e-5}, warmup_divisor=10, seed=3, parent="sft-own-errors"),
 }
 STAGES = tuple(STAGE_PLANS)
 _SFT_STAGES = ("sft-clean", "sft-backspace", "sft-scheduled")
 # Chapter 9's stages on kb_walk and arithmetic, about three passes over their rows: DPO's pairs (one per prompt
 # whose 8 samples do not all tie) and RSFT's kept samples, packed (about ten to a row).
-_PREFERENCE_STEPS = {"smoke": {"dpo": 40, "rsft": 9, "rsft-soft": 9, "ppo": 8, "rlvr": 16, "rlvr-bksp": 16},
-                     "full": {"dpo": 60, "rsft": 8, "rsft-soft": 8, "ppo": 48, "rlvr": 100, "rlvr-bksp": 100}}
+_PREFERENCE_STEPS = {"smoke": {"dpo": 40, "rsft": 9, "rsft-soft": 9, "ppo": 8, "rlvr": 16, "rlvr-bksp": 16,
+                               "sft-own-errors": 24, "rlvr-own": 16},
+                     "full": {"dpo": 60, "rsft": 8, "rsft-soft": 8, "ppo": 48, "rlvr": 100, "rlvr-bksp": 100,
+                              "sft-own-errors": 40, "rlvr-own": 100}}
 # PPO's rounds: 64 prompts × 8 rollouts at full scale, 2 epochs of 2 minibatches each (rounds: the steps above).
 _PPO = {"smoke": PPOConfig(prompts_per_iteration=16, samples_per_prompt=8, kl_coef=0.1, value_lr=3e-4),
         "full": PPOConfig(prompts_per_iteration=64, samples_per_prompt=8, kl_coef=0.1, value_lr=1e-4)}

@@ -17,13 +17,14 @@ Departures from the documents:
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
 from halluc_lab.data import IGNORE, Batch, Encoded
 from halluc_lab.sampling import sample
-from halluc_lab.tasks.base import Example, Task
+from halluc_lab.tasks.base import Example, Task, completion_symbols
 from halluc_lab.tokenizer import SPECIAL_TOKENS, Tokenizer
 
 
@@ -59,7 +60,7 @@ def backspace_demonstration(tok: Tokenizer, task: Task, example: Example, cfg: B
     >>> task = Arithmetic(); tok = task.tokenizer()
     >>> seq, = backspace_demonstration(tok, task, Example("1 + 1 =", "2"), BackspaceConfig(rate=1.0), random.Random(0))
     >>> tok.decode(seq.ids), tok.decode([t for t in seq.labels if t >= 0])
-    ('<bos> 1 + 1 = 1 <bksp> 2 <eos>', '<bksp> 2 <eos>')
+    ('<bos> 1 + 1 = 3 <bksp> 2 <eos>', '<bksp> 2 <eos>')
     """
     prompt = (tok.bos_id, *tok.encode(example.prompt))
     gold = tok.encode(example.completion)
@@ -84,6 +85,31 @@ def backspace_demonstration(tok: Tokenizer, task: Task, example: Example, cfg: B
     ids.append(tok.eos_id)
     labels.append(tok.eos_id)
     return [Encoded(tuple(ids), tuple(labels)), *branches]
+
+
+def own_error_demonstration(tok: Tokenizer, example: Example, completion: Sequence[int]) -> Encoded:
+    """A backspace demonstration from the model's own answer (DAgger-style): its prefix up to its first wrong
+    symbol ``w``, then ``<bksp>`` and the gold answer from there on; the clean example if it made no mistake.
+
+    The state is the model's own (its prefix and its error), the action the expert's (take ``w`` back,
+    continue right). ``w`` is never a target; the prefix, the ``<bksp>`` and the correction are. An answer
+    that stops early (its first wrong symbol is ``<eos>``) gives the clean example: nothing follows ``<eos>``.
+
+    >>> from halluc_lab.tasks import Arithmetic
+    >>> task = Arithmetic(); tok = task.tokenizer()
+    >>> seq = own_error_demonstration(tok, Example("1 + 1 =", "2 3"), tok.encode("2 4 <eos>"))
+    >>> tok.decode(seq.ids), tok.decode([t for t in seq.labels if t >= 0])
+    ('<bos> 1 + 1 = 2 4 <bksp> 3 <eos>', '2 <bksp> 3 <eos>')
+    """
+    prompt = (tok.bos_id, *tok.encode(example.prompt))
+    gold = tuple(tok.encode(example.completion)) + (tok.eos_id,)
+    said = tok.encode(" ".join(completion_symbols(tok.decode(completion))))  # what it finally says, take-backs applied
+    said = tuple(said) + (tok.eos_id,) if tok.eos_id in completion else tuple(said)
+    i = next((j for j, (a, b) in enumerate(zip(said, gold)) if a != b), None)
+    if i is None or said[i] == tok.eos_id:  # right (or cut off while right), or stopped early
+        return Encoded(prompt + gold, (IGNORE,) * len(prompt) + gold)
+    ids = prompt + gold[:i] + (said[i], tok.bksp_id) + gold[i:]
+    return Encoded(ids, (IGNORE,) * len(prompt) + gold[:i] + (IGNORE, tok.bksp_id) + gold[i:])
 
 
 # -- scheduled sampling (002) ------------------------------------------------------------------
