@@ -3,7 +3,7 @@
 Decode: tiny at batches 1 and 64 against HF generate with its dynamic and its static cache;
 small at batches 1 and 64 against the dynamic cache only (the static cache's compile is slow).
 Training step: tiny and small at batch 32 × 256 tokens. BM25 indexing and querying against bm25s and
-rank-bm25 (CPU). DPO step and RL iteration against TRL (kb_walk,
+rank-bm25 (CPU). DPO step and RL iterations (PPO, RLVR) against TRL (kb_walk,
 the recipes' shape), when TRL is installed (it is not a dependency: see preference.py). JSON files go
 to ``--out``.
 
@@ -22,6 +22,7 @@ from pathlib import Path
 import bm25
 import decode
 import preference
+import rlvr
 import train_step
 
 
@@ -44,9 +45,10 @@ def main(argv=None) -> None:
                               "--json", str(out / "train_step.json")])
     bm25.main((["--quick"] if args.quick else []) + ["--json", str(out / "bm25.json")])
     if importlib.util.find_spec("trl") is None:
-        print("\npreference: skipped, TRL is not installed (benchmarks/preference.py says how)")
+        print("\npreference, rlvr: skipped, TRL is not installed (benchmarks/preference.py says how)")
     else:
         preference.main(common + ["--json", str(out / "preference.json")])
+        rlvr.main(common + ["--json", str(out / "rlvr.json")])
     print(f"\nall benchmarks: {time.perf_counter() - start:.0f} s")
 
 
