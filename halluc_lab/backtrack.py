@@ -96,6 +96,7 @@ class BacktrackEngine(Engine):
             raise TypeError(f"allow_bksp must be a bool, got {allow_bksp!r}")
         self.bksp_id, self.context, self.allow_bksp = bksp_id, context, allow_bksp
         B, T, dev = batch_size, max_positions, self.device
+        self._bksp_index = torch.tensor([bksp_id], device=dev)  # made here: a graph capture cannot copy from the host
         # The log: every emitted token. out_tokens / n_out (the engine's) hold the surviving text.
         self.n_log = torch.zeros(B, dtype=torch.long, device=dev)  # (B,) tokens emitted
         self.log_tokens = torch.zeros(B, T, dtype=torch.long, device=dev)
@@ -112,7 +113,7 @@ class BacktrackEngine(Engine):
     def _logits(self, logits: Tensor) -> Tensor:
         if self.allow_bksp:
             return logits
-        return logits.index_fill(1, torch.tensor([self.bksp_id], device=logits.device), float("-inf"))
+        return logits.index_fill(1, self._bksp_index, float("-inf"))
 
     def _record(self, token: Tensor, logp: Tensor) -> None:
         active = ~self.finished  # (B,)

@@ -311,13 +311,16 @@ class OwnErrorsTraining(_FromOwnSamples):
 
     n_prompts: int  # prompts drawn by preference_examples (with the recipe's seed)
     samples: int = 2  # answers sampled per prompt
+    take_back: bool = True  # False: the gold answers alone, no <bksp> (the control for what the correction tells)
 
     def __post_init__(self):
         check_count("n_prompts", self.n_prompts, 1)
         check_count("samples", self.samples, 1)
+        if not isinstance(self.take_back, bool):
+            raise TypeError(f"take_back must be a bool, got {self.take_back!r}")
 
     def build(self, model, tok, task, examples, recipe) -> tuple[Batch, None]:
         groups = sample_groups(model, tok, task, examples, self.samples, seed=recipe.seed)
-        seqs = [own_error_demonstration(tok, ex, completion) for ex, answers in zip(examples, groups.completions)
-                for completion in answers]
+        seqs = [own_error_demonstration(tok, ex, completion, take_back=self.take_back)
+                for ex, answers in zip(examples, groups.completions) for completion in answers]
         return pack(seqs, recipe.seq_len, tok.pad_id), None

@@ -264,15 +264,24 @@ STAGE_PLANS = {
                                 lr={"smoke": 1e-3, "full": 3e-4}, warmup_divisor=10, seed=3, parent="sft-clean"),
     "rlvr-own": StagePlan(lambda plan: RLVR(plan.preference_prompts, plan.rlvr, lam=RLVR_LAMBDA),
                           lr={"smoke": 3e-4, "full": 2e-5}, warmup_divisor=10, seed=3, parent="sft-own-errors"),
+    # Its control: the same prompts, samples and gold answers without the take-back (a correction carries the
+    # verifier's gold answer, information RLVR's scalar reward never gives), then RLVR with <bksp> masked.
+    "sft-corrections": StagePlan(lambda plan: OwnErrorsSFT(plan.preference_prompts, samples=2, take_back=False),
+                                 lr={"smoke": 1e-3, "full": 3e-4}, warmup_divisor=10, seed=3, parent="sft-clean"),
+    "rlvr-corrections": StagePlan(lambda plan: RLVR(plan.preference_prompts, dataclasses.replace(plan.rlvr,
+                                                                                            allow_bksp=False),
+                                                    lam=RLVR_LAMBDA),
+                                  lr={"smoke": 3e-4, "full": 2e-5}, warmup_divisor=10, seed=3,
+                                  parent="sft-corrections"),
 }
 STAGES = tuple(STAGE_PLANS)
 _SFT_STAGES = ("sft-clean", "sft-backspace", "sft-scheduled")
 # Chapter 9's stages on kb_walk and arithmetic, about three passes over their rows: DPO's pairs (one per prompt
 # whose 8 samples do not all tie) and RSFT's kept samples, packed (about ten to a row).
 _PREFERENCE_STEPS = {"smoke": {"dpo": 40, "rsft": 9, "rsft-soft": 9, "ppo": 8, "rlvr": 16, "rlvr-bksp": 16,
-                               "sft-own-errors": 24, "rlvr-own": 16},
+                               "sft-own-errors": 24, "rlvr-own": 16, "sft-corrections": 24, "rlvr-corrections": 16},
                      "full": {"dpo": 60, "rsft": 8, "rsft-soft": 8, "ppo": 48, "rlvr": 100, "rlvr-bksp": 100,
-                              "sft-own-errors": 40, "rlvr-own": 100}}
+                              "sft-own-errors": 40, "rlvr-own": 100, "sft-corrections": 40, "rlvr-corrections": 100}}
 # PPO's rounds: 64 prompts × 8 rollouts at full scale, 2 epochs of 2 minibatches each (rounds: the steps above).
 _PPO = {"smoke": PPOConfig(prompts_per_iteration=16, samples_per_prompt=8, kl_coef=0.1, value_lr=3e-4),
         "full": PPOConfig(prompts_per_iteration=64, samples_per_prompt=8, kl_coef=0.1, value_lr=1e-4)}

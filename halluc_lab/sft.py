@@ -87,13 +87,16 @@ def backspace_demonstration(tok: Tokenizer, task: Task, example: Example, cfg: B
     return [Encoded(tuple(ids), tuple(labels)), *branches]
 
 
-def own_error_demonstration(tok: Tokenizer, example: Example, completion: Sequence[int]) -> Encoded:
+def own_error_demonstration(tok: Tokenizer, example: Example, completion: Sequence[int], *,
+                            take_back: bool = True) -> Encoded:
     """A backspace demonstration from the model's own answer (DAgger-style): its prefix up to its first wrong
     symbol ``w``, then ``<bksp>`` and the gold answer from there on; the clean example if it made no mistake.
 
     The state is the model's own (its prefix and its error), the action the expert's (take ``w`` back,
     continue right). ``w`` is never a target; the prefix, the ``<bksp>`` and the correction are. An answer
     that stops early (its first wrong symbol is ``<eos>``) gives the clean example: nothing follows ``<eos>``.
+    ``take_back=False`` gives the clean example always: the same gold answers without the take-back (the control
+    that tells what the ``<bksp>`` adds from what the correction's information adds).
 
     >>> from halluc_lab.tasks import Arithmetic
     >>> task = Arithmetic(); tok = task.tokenizer()
@@ -106,7 +109,7 @@ def own_error_demonstration(tok: Tokenizer, example: Example, completion: Sequen
     said = tok.encode(" ".join(completion_symbols(tok.decode(completion))))  # what it finally says, take-backs applied
     said = tuple(said) + (tok.eos_id,) if tok.eos_id in completion else tuple(said)
     i = next((j for j, (a, b) in enumerate(zip(said, gold)) if a != b), None)
-    if i is None or said[i] == tok.eos_id:  # right (or cut off while right), or stopped early
+    if i is None or said[i] == tok.eos_id or not take_back:  # right (or cut off while right), or stopped early
         return Encoded(prompt + gold, (IGNORE,) * len(prompt) + gold)
     ids = prompt + gold[:i] + (said[i], tok.bksp_id) + gold[i:]
     return Encoded(ids, (IGNORE,) * len(prompt) + gold[:i] + (IGNORE, tok.bksp_id) + gold[i:])

@@ -69,9 +69,10 @@ def test_every_name_exists_at_smoke_scale_and_sft_starts_from_its_pretraining():
             # from clean SFT (<bksp> masked) or from backspace SFT (<bksp> allowed)
             task, stage = name.split("-", 1)
             parent = (f"{task}-sft-clean" if name in ("path_star-sft-backspace", "path_star-sft-continued")
-                      or stage in ("dpo", "rsft", "rsft-soft", "ppo", "rlhf", "rlvr", "sft-own-errors")
+                      or stage in ("dpo", "rsft", "rsft-soft", "ppo", "rlhf", "rlvr", "sft-own-errors", "sft-corrections")
                       else f"{task}-sft-backspace" if stage == "rlvr-bksp"
-                      else f"{task}-sft-own-errors" if stage == "rlvr-own" else f"{task}-pretrain")
+                      else f"{task}-sft-own-errors" if stage == "rlvr-own"
+                      else f"{task}-sft-corrections" if stage == "rlvr-corrections" else f"{task}-pretrain")
             assert r.parent == recipes.get(parent, "smoke") and r.model == r.parent.model
             assert r.pretraining == recipes.get(name.split("-")[0] + "-pretrain", "smoke")  # the replay corpus
     assert recipes.get("kb_walk-sft-backspace", "smoke").stage.backspace == BackspaceConfig(rate=0.1)

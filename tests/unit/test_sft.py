@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from halluc_lab.data import IGNORE, encode_example, pad
-from halluc_lab.sft import BackspaceConfig, backspace_demonstration, scheduled_sampling
+from halluc_lab.sft import BackspaceConfig, backspace_demonstration, own_error_demonstration, scheduled_sampling
 from halluc_lab.tasks import Arithmetic, ArithmeticConfig, Example, KBWalk, KBWalkConfig, completion_symbols
 from tests.unit._tiny_lm import TinyConfig, TinyLM
 
@@ -68,6 +68,25 @@ def test_bad_backspace_config_raises(kwargs):
 # -- scheduled sampling ------------------------------------------------------------------------
 def _batch():
     return pad([encode_example(TOK, e) for e in TASK.examples("train", 8, seed=0)], TOK.pad_id)
+
+
+@pytest.mark.parametrize("answer, ids, targets", [
+    ("4 6 <eos>", "<bos> 1 + 1 = 4 6 <eos>", "4 6 <eos>"),  # right: the clean example
+    ("4 7 9 <eos>", "<bos> 1 + 1 = 4 7 <bksp> 6 <eos>", "4 <bksp> 6 <eos>"),  # cut at 7, its first wrong symbol
+    ("5 <eos>", "<bos> 1 + 1 = 5 <bksp> 4 6 <eos>", "<bksp> 4 6 <eos>"),  # wrong from the start
+    ("4 7 <bksp> 6 <eos>", "<bos> 1 + 1 = 4 6 <eos>", "4 6 <eos>"),  # judged on what it finally says: right
+    ("4 <eos>", "<bos> 1 + 1 = 4 6 <eos>", "4 6 <eos>"),  # stopped early: nothing follows <eos>
+    ("4 6 8", "<bos> 1 + 1 = 4 6 8 <bksp> <eos>", "4 6 <bksp> <eos>"),  # no <eos>: the extra symbol is the error
+])
+def test_own_error_demonstration_cuts_at_the_first_wrong_symbol(answer, ids, targets):
+    task = Arithmetic()
+    tok = task.tokenizer()
+    ex = Example("1 + 1 =", "4 6")  # any gold answer will do: the demonstration reads only the example
+    seq = own_error_demonstration(tok, ex, tok.encode(answer))
+    assert tok.decode(seq.ids) == ids
+    assert tok.decode([t for t in seq.labels if t != IGNORE]) == targets
+    clean = own_error_demonstration(tok, ex, tok.encode(answer), take_back=False)
+    assert tok.decode(clean.ids) == "<bos> 1 + 1 = 4 6 <eos>"  # the control: the gold answer, no take-back
 
 
 def test_scheduled_sampling_replaces_only_completion_inputs_and_keeps_gold_labels():
