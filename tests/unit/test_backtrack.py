@@ -166,12 +166,12 @@ def test_rollback_is_not_offered():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("context", ["erase", "keep"])
-def test_cuda_graph_rollouts_equal_eager_ones(context):
+@pytest.mark.parametrize("context, allow", [("erase", True), ("keep", True), ("keep", False)])
+def test_cuda_graph_rollouts_equal_eager_ones(context, allow):
     model, ps = tiny(n_kv_heads=1, bksp_boost=2.0).cuda(), prompts(6)
     results = []
     for graph in (False, True):
-        eng = BacktrackEngine(model, 16, 64, bksp_id=BKSP, context=context, cuda_graph=graph)
+        eng = BacktrackEngine(model, 16, 64, bksp_id=BKSP, context=context, allow_bksp=allow, cuda_graph=graph)
         eng.start(ps, 24, HOT, generator=torch.Generator("cuda").manual_seed(5), n_samples=2)
         for i in range(24):
             eng.step(force=FORCED.get(i))
