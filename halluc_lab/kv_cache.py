@@ -162,8 +162,8 @@ class KVCache:
         """
         if slots.shape[1] == 1:  # a decode step: one slot per row, written by a one-hot select over the layer
             # Same values as index_put_, faster: with deterministic algorithms on, index_put_ sorts its indices
-            # (a radix sort per layer and step). An H100 decoding at batch 8 to 512 (2026-11-26, prof of
-            # the engine): 20-27% less time per generated token with up to 256 positions per row.
+            # (a radix sort per layer and step). On an H100 (2026-11-26, book/results/engine.md): 16-28% less time
+            # per generated token at batch 8 and 64 with 64 or 256 positions per row, about the same at batch 512.
             hit = (self._positions[None, :] == slots)[:, :, None, None]  # (B, T, 1, 1)
             self.k[layer].copy_(torch.where(hit, k_new.to(self.k.dtype), self.k[layer]))
             self.v[layer].copy_(torch.where(hit, v_new.to(self.v.dtype), self.v[layer]))
