@@ -242,8 +242,8 @@ def rlvr(policy: nn.Module, reference: nn.Module, prompts: Sequence[Sequence[int
             m = mask[part.to(device)]
             with autocast(device, autocast_dtype):
                 logp = log_logprobs(policy, r, banned)
-            kl = kl_estimates(logp.detach(), ref[k], m).k3  # the KL estimate enters the loss with its own gradient
-            kl_term = kl_estimates(logp, ref[k], m).k3 if cfg.beta else None
+            kl = kl_estimates(logp.detach(), ref[k], m).k3  # measured every round, no gradient
+            kl_term = kl_estimates(logp, ref[k], m).k3 if cfg.beta else None  # the loss's KL term, with its gradient
             value = loss(logp, logp.detach() if old is None else old[k], advantages[part.to(device)], m,
                          kl=kl_term, beta=cfg.beta, max_tokens=M)
             optimizer.zero_grad(set_to_none=True)
