@@ -170,6 +170,19 @@ def test_generate_reuses_one_engine_per_bucket():
     assert engine_for(model, 4, 40) is eng
 
 
+def test_engines_of_another_kind_or_options_are_cached_apart():
+    from halluc_lab.backtrack import BacktrackEngine
+
+    model = tiny()
+    plain = engine_for(model, 4, 40)
+    keep = engine_for(model, 4, 40, engine_type=BacktrackEngine, bksp_id=3, context="keep")
+    erase = engine_for(model, 4, 40, engine_type=BacktrackEngine, bksp_id=3, context="erase")
+    assert type(plain) is Engine and isinstance(keep, BacktrackEngine) and keep is not erase
+    assert (keep.context, erase.context) == ("keep", "erase")
+    assert engine_for(model, 3, 20, engine_type=BacktrackEngine, bksp_id=3, context="keep") is keep
+    assert engine_for(model, 4, 40) is plain
+
+
 def test_logprobs_are_the_models_at_temperature_one():
     model, ps = tiny(), prompts(2)
     res = generate(model, ps, 5, temperature=0.3, generator=torch.Generator().manual_seed(0))

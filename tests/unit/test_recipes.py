@@ -213,6 +213,17 @@ def test_key_changes_with_the_config_the_parent_the_version_and_the_dtype(monkey
     assert recipes.key(r) != k
 
 
+def test_configs_of_different_types_with_equal_fields_have_different_keys():
+    from halluc_lab.rlvr import GRPO, DrGRPO
+
+    r = recipes.get("kb_walk-rlvr", "smoke")
+    grpo = dataclasses.replace(r, stage=dataclasses.replace(r.stage, policy_loss=GRPO(clip=0.2)))
+    dr = dataclasses.replace(r, stage=dataclasses.replace(r.stage, policy_loss=DrGRPO(clip=0.2)))
+    assert dataclasses.asdict(grpo) == dataclasses.asdict(dr)  # asdict alone cannot tell the two losses apart
+    assert recipes.key(grpo) != recipes.key(dr)
+    assert recipes.key(grpo) == recipes.key(r)  # GRPO(clip=0.2) is the stage's default
+
+
 def test_code_modules_are_what_the_recipe_imports_and_nothing_else():
     used = recipes.code_modules(recipes.get("kb_walk-sft-clean", "smoke"))
     for m in ("losses", "data", "model", "attention", "positional", "tokenizer", "sft", "train", "recipes",
