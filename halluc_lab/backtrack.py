@@ -43,8 +43,7 @@ import torch
 from torch import nn
 
 from halluc_lab.data import IGNORE, Encoded
-from halluc_lab.engine import Engine, GenerationResult, SamplingParams, engine_for
-from halluc_lab.engine_checks import check_count, prompt_lists
+from halluc_lab.engine import Engine, GenerationResult, generate
 
 Tensor = torch.Tensor
 CONTEXTS = ("keep", "erase")
@@ -172,18 +171,9 @@ def rollout(model: nn.Module, prompts: Sequence[Sequence[int]] | Tensor, max_new
     prompt-major), and ``bksp_id``, ``context`` and ``allow_bksp`` as :class:`BacktrackEngine`. Same
     generator state, same rollouts.
     """
-    params = SamplingParams(greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p)
-    prompts = prompt_lists(prompts)
-    check_count("max_new_tokens", max_new_tokens)
-    check_count("n_samples", n_samples, " (samples per prompt)")
-    if not prompts:
-        raise ValueError("prompts must hold at least one prompt")
-    longest = max(len(p) for p in prompts)
-    eng = engine_for(model, len(prompts) * n_samples, longest + max_new_tokens, dtype=dtype,
-                     engine_type=BacktrackEngine, bksp_id=bksp_id, context=context, allow_bksp=allow_bksp)
-    eng.start(prompts, max_new_tokens, params, stop_tokens=stop_tokens, generator=generator, n_samples=n_samples)
-    eng.run()
-    return eng.result()
+    return generate(model, prompts, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy,
+                    stop_tokens=stop_tokens, generator=generator, dtype=dtype, n_samples=n_samples,
+                    engine_type=BacktrackEngine, bksp_id=bksp_id, context=context, allow_bksp=allow_bksp)
 
 
 # -- reading a log back ---------------------------------------------------------------------------------

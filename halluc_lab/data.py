@@ -14,7 +14,7 @@ each sequence is IGNORE and no sequence is asked to predict its neighbour.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -177,6 +177,23 @@ def batches(rows: Batch, batch_size: int, seed: int) -> Callable[[int], Batch]:
 
 
 # -- rollouts (chapters 9–10) ----------------------------------------------------------------------
+def prompt_rounds(n: int, per_round: int, generator: torch.Generator) -> Iterator[list[int]]:
+    """Endless rounds of ``per_round`` indices into ``n`` prompts: seeded permutations laid end to end, so every
+    prompt comes once before any comes again (PPO's and RLVR's rounds). Lazy: ``generator`` is drawn from only
+    when a round needs a new permutation, so a loop that also draws from it between rounds stays reproducible.
+
+    >>> rounds = prompt_rounds(3, 2, torch.Generator().manual_seed(0))
+    >>> sorted(next(rounds) + next(rounds)[:1])
+    [0, 1, 2]
+    """
+    order: list[int] = []
+    while True:
+        while len(order) < per_round:
+            order += torch.randperm(n, generator=generator).tolist()
+        yield order[:per_round]
+        order = order[per_round:]
+
+
 def rollout_batch(prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]], pad_id: int,
                   targets: Sequence[Sequence[bool]] | None = None) -> Batch:
     """Generated rollouts as a padded :class:`Batch`: ``prompt + completion`` per row, labels on the

@@ -414,7 +414,8 @@ def engine_for(model: nn.Module, batch_size: int, max_positions: int, *, dtype: 
 def generate(model: nn.Module, prompts: Sequence[Sequence[int]] | Tensor, max_new_tokens: int, *,
              temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
              greedy: bool = False, stop_tokens: Sequence[int] = (), generator: torch.Generator | None = None,
-             dtype: torch.dtype | None = None, n_samples: int = 1) -> GenerationResult:
+             dtype: torch.dtype | None = None, n_samples: int = 1, engine_type: type[Engine] | None = None,
+             **engine_options) -> GenerationResult:
     """Continue each prompt by up to ``max_new_tokens`` tokens (000 §6.1 with a KV cache).
 
     ``prompts``: a list of prompts (lists of token ids, any lengths) or a 2-D tensor ``(N, T)``; a single
@@ -422,7 +423,8 @@ def generate(model: nn.Module, prompts: Sequence[Sequence[int]] | Tensor, max_ne
     temperature with optional top-k/top-p (:mod:`halluc_lab.sampling`), drawn from ``generator`` (on the
     model's device). A row stops after a token in ``stop_tokens`` (which is kept). Same generator state,
     same tokens. ``n_samples`` = G continuations per prompt from one prefill; the result's rows are
-    prompt-major (rows p·G … p·G+G-1 belong to prompt p).
+    prompt-major (rows p·G … p·G+G-1 belong to prompt p). ``engine_type`` and ``engine_options``: another
+    kind of engine and its options (:func:`halluc_lab.backtrack.rollout` passes the backspace engine's).
 
     Example::
 
@@ -437,7 +439,8 @@ def generate(model: nn.Module, prompts: Sequence[Sequence[int]] | Tensor, max_ne
     if not prompts:
         raise ValueError("prompts must hold at least one prompt")
     longest = max(len(p) for p in prompts)
-    eng = engine_for(model, len(prompts) * n_samples, longest + max_new_tokens, dtype=dtype)
+    eng = engine_for(model, len(prompts) * n_samples, longest + max_new_tokens, dtype=dtype, engine_type=engine_type,
+                     **engine_options)
     eng.start(prompts, max_new_tokens, params, stop_tokens=stop_tokens, generator=generator, n_samples=n_samples)
     eng.run()
     return eng.result()

@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from halluc_lab.data import IGNORE, batches, rollout_batch
+from halluc_lab.data import IGNORE, batches, prompt_rounds, rollout_batch
 from halluc_lab.device import deterministic
 from halluc_lab.engine import generate
 from halluc_lab.evaluate import answer_budget, model_device
@@ -222,11 +222,9 @@ def ppo(policy: nn.Module, reference: nn.Module, value: RewardModel, prompts: Se
     rounds = _Rounds(policy, reference, value, cfg, width, autocast_dtype, cuda_graph)
     was_training = policy.training
     reference.eval()
-    order, hist = [], PPOHistory()
+    next_prompts, hist = prompt_rounds(len(prompts), cfg.prompts_per_iteration, order_g), PPOHistory()
     for _ in progress(range(cfg.iterations), desc=desc):
-        while len(order) < cfg.prompts_per_iteration:
-            order += torch.randperm(len(prompts), generator=order_g).tolist()
-        todo, order = order[:cfg.prompts_per_iteration], order[cfg.prompts_per_iteration:]
+        todo = next(next_prompts)
         repeated = [list(prompts[i]) for i in todo for _ in range(cfg.samples_per_prompt)]
         policy.eval()
         completions = generate(policy, [prompts[i] for i in todo], cfg.max_new_tokens, stop_tokens=stop_tokens,

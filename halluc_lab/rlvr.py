@@ -36,7 +36,7 @@ import torch
 from torch import nn
 
 from halluc_lab.backtrack import CONTEXTS, Rollout, rollout, training_rows
-from halluc_lab.data import IGNORE, pad
+from halluc_lab.data import IGNORE, pad, prompt_rounds
 from halluc_lab.device import deterministic
 from halluc_lab.evaluate import answer_budget, model_device
 from halluc_lab.losses import (check_positive, dapo_loss, dr_grpo_loss, grpo_loss, group_advantages, kl_estimates,
@@ -212,11 +212,9 @@ def rlvr(policy: nn.Module, reference: nn.Module, prompts: Sequence[Sequence[int
     banned = () if cfg.allow_bksp else (tok.bksp_id,)
     was_training = policy.training
     reference.eval()
-    order, hist = [], RLVRHistory()
+    next_prompts, hist = prompt_rounds(len(prompts), cfg.prompts_per_iteration, order_g), RLVRHistory()
     for _ in progress(range(cfg.iterations), desc=desc):
-        while len(order) < cfg.prompts_per_iteration:
-            order += torch.randperm(len(prompts), generator=order_g).tolist()
-        todo, order = order[:cfg.prompts_per_iteration], order[cfg.prompts_per_iteration:]
+        todo = next(next_prompts)
         repeated = [list(prompts[i]) for i in todo for _ in range(G)]
         policy.eval()
         out = rollout(policy, [prompts[i] for i in todo], M, bksp_id=tok.bksp_id, context=cfg.context,
@@ -239,18 +237,18 @@ def rlvr(policy: nn.Module, reference: nn.Module, prompts: Sequence[Sequence[int
         policy.train()
         kl_sum = torch.zeros((), device=device)
         for k, (part, r) in enumerate(zip(parts, rows)):
-            m = mask[part.to(device)]
+            part = part.to(device)
+            m = mask[part]
             with autocast(device, autocast_dtype):
                 logp = log_logprobs(policy, r, banned)
-            kl = kl_estimates(logp.detach(), ref[k], m).k3  # measured every round, no gradient
-            kl_term = kl_estimates(logp, ref[k], m).k3 if cfg.beta else None  # the loss's KL term, with its gradient
-            value = loss(logp, logp.detach() if old is None else old[k], advantages[part.to(device)], m,
-                         kl=kl_term, beta=cfg.beta, max_tokens=M)
+            kl = kl_estimates(logp, ref[k], m).k3  # measured every round; in the loss (with its gradient) if β > 0
+            value = loss(logp, logp.detach() if old is None else old[k], advantages[part], m,
+                         kl=kl if cfg.beta else None, beta=cfg.beta, max_tokens=M)
             optimizer.zero_grad(set_to_none=True)
             value.backward()
             torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.grad_clip)
             optimizer.step()
-            kl_sum += kl.sum()
+            kl_sum += kl.detach().sum()
         _record(hist, rewards, out, float(kl_sum) / len(logs), tok, G)
     policy.train(was_training)
     return hist
