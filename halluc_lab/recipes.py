@@ -11,10 +11,11 @@ shape, the optimisation, the stage and the recipe whose weights it starts from::
     kb.model, kb.tokenizer, kb.task, kb.history
 
 **Stages** own how their data are assembled and what their training needs (the :class:`Stage`
-interface): :class:`Pretraining` (chapter 7), :class:`SFT` (chapter 8), :class:`DPO` and :class:`RSFT`
-(chapter 9, which learn from the starting model's own samples ranked by the task's verifier) and
-:class:`PPO` (chapter 9: on the verifier, or RLHF on a reward model); nothing chooses a stage by its name. Sources: 000 §5.4 (completion-only loss), §5.7 (packing), §7.3 (backspace
-demonstrations); 002 ("Scheduled Sampling"); 001 Part 2 §1–2 (DPO, RSFT).
+interface): :class:`Pretraining` (chapter 7), :class:`SFT` (chapter 8; chapter 11's with retrieved passages
+in its prompts), :class:`DPO` and :class:`RSFT` (chapter 9, which learn from the starting model's own samples
+ranked by the task's verifier) and :class:`PPO` (chapter 9: on the verifier, or RLHF on a reward model);
+nothing chooses a stage by its name. Sources: 000 §5.4 (completion-only loss), §5.7 (packing), §7.3
+(backspace demonstrations); 002 ("Scheduled Sampling"); 001 Part 2 §1–2 (DPO, RSFT), Part 3 §3 (RAG).
 
 **Names** are ``<task>-<stage>`` with task in :data:`TASKS` and stage in :data:`STAGES`, each at both
 scales (``recipes.get(name, "smoke")``). The registry is three tables (:data:`SCALE_PLANS`,
@@ -44,6 +45,7 @@ from halluc_lab.model import ModelConfig
 from halluc_lab.preference import DPOTraining, OwnErrorsTraining, RSFTTraining
 from halluc_lab.recipe_cache import (SCALES, CacheWarning, Prepare, Recipe, Stage, Trained, cache_root,
                                      code_fingerprint, code_modules, directory, key, load_recipe, used, with_seed)
+from halluc_lab.retrieval import RetrievedContext
 from halluc_lab.rlhf import PPOConfig, PPOTraining, RewardModelPlan
 from halluc_lab.rlvr import RLVRConfig, RLVRTraining
 from halluc_lab.sft import BackspaceConfig, backspace_demonstration, scheduled_sampling
@@ -73,6 +75,7 @@ class SFT(Stage):
     replay_fraction: float = 0.0  # pre-training documents mixed in, per SFT example (against forgetting)
     backspace: BackspaceConfig | None = None  # inject errors + <bksp> + correction (000 §7.3); None: clean
     scheduled_sampling: float = 0.0  # final rate of scheduled sampling, ramped up linearly from 0 (002)
+    retrieved: RetrievedContext | None = None  # passages prepended to a share of the prompts (001 eq. 11); None: plain
 
     def __post_init__(self):
         if not isinstance(self.n_examples, int) or isinstance(self.n_examples, bool) or self.n_examples < 1:
@@ -86,18 +89,26 @@ class SFT(Stage):
             raise TypeError(f"backspace must be a BackspaceConfig or None, got {type(self.backspace).__name__}")
         if not (isinstance(self.scheduled_sampling, (int, float)) and 0.0 <= self.scheduled_sampling <= 1.0):
             raise ValueError(f"scheduled_sampling must be in [0, 1], got {self.scheduled_sampling!r}")
+        if self.retrieved is not None and not isinstance(self.retrieved, RetrievedContext):
+            raise TypeError(f"retrieved must be a RetrievedContext or None, got {type(self.retrieved).__name__}")
 
     def rows(self, recipe: Recipe) -> Batch:
-        """The examples (with backspace demonstrations if asked), the replayed documents, shuffled and packed.
+        """The examples (with retrieved passages and backspace demonstrations if asked), the replayed documents,
+        shuffled and packed.
 
-        Replayed documents come from the corpus of the chain's pre-training recipe (its seed), also
-        when this recipe starts from another SFT recipe.
+        Retrieved context (:meth:`RetrievedContext.augment`) replaces an example's prompt after the examples
+        are drawn, with the stage's ``rng``; with backspace demonstrations as well, errors are injected in
+        the augmented example's completion (the passages are prompt: never a target). Replayed documents
+        come from the corpus of the chain's pre-training recipe (its seed), also when this recipe starts
+        from another SFT recipe.
         """
         task = make_task(recipe.task)
         tok = task.tokenizer()
         rng = random.Random(recipe.seed)
         seqs = []
         for ex in task.examples("train", self.n_examples, seed=recipe.seed):
+            if self.retrieved is not None:
+                ex = self.retrieved.augment(task, ex, rng)
             if self.backspace is not None:
                 seqs += backspace_demonstration(tok, task, ex, self.backspace, rng)
             else:
@@ -230,6 +241,11 @@ STAGE_PLANS = {
     "sft-clean": _sft(),
     "sft-backspace": _sft(backspace=BackspaceConfig(rate=0.1)),  # 000 §7.3
     "sft-scheduled": _sft(scheduled_sampling=0.25),  # 002, "Scheduled Sampling"
+    # Chapter 11 (001 Part 3 §3, RAG): a model fine-tuned to read retrieved context, half its prompts preceded by
+    # 4 passages (each supporting fact kept with probability 1/2, the rest distractors). Matched compute with
+    # sft-clean, the model never trained on x': the same examples, steps and rate, from the same pre-trained
+    # model. kb_walk only (its facts are the passages): the other tasks' plans give it no steps.
+    "sft-rag": _sft(retrieved=RetrievedContext()),
     # The matched-compute control of a backspace recipe that continues from clean SFT: clean SFT continued
     # for the same extra steps, so "more training" and "backspace demonstrations" can be told apart.
     "sft-continued": dataclasses.replace(_sft(), parent="sft-clean"),
@@ -299,12 +315,14 @@ TASK_PLANS = {
     ("kb_walk", "smoke"): TaskPlan(
         KBWalkConfig(n_entities=24, n_relations=4, common_count=600, facts_per_document=7, max_hops=3),
         SFT(n_examples=3000, replay_fraction=0.5),
-        {**dict.fromkeys(_SFT_STAGES, 250), **_PREFERENCE_STEPS["smoke"], "rlhf": _PREFERENCE_STEPS["smoke"]["ppo"]},
+        {**dict.fromkeys(_SFT_STAGES, 250), "sft-rag": 250, **_PREFERENCE_STEPS["smoke"],
+         "rlhf": _PREFERENCE_STEPS["smoke"]["ppo"]},
         **_PREFERENCE["smoke"]),
     ("kb_walk", "full"): TaskPlan(
         KBWalkConfig(n_entities=120, n_relations=6, common_count=3400, facts_per_document=7, max_hops=4),
         SFT(n_examples=50_000, replay_fraction=0.5),
-        {**dict.fromkeys(_SFT_STAGES, 400), **_PREFERENCE_STEPS["full"], "rlhf": _PREFERENCE_STEPS["full"]["ppo"]},
+        {**dict.fromkeys(_SFT_STAGES, 400), "sft-rag": 400, **_PREFERENCE_STEPS["full"],
+         "rlhf": _PREFERENCE_STEPS["full"]["ppo"]},
         **_PREFERENCE["full"]),
     ("arithmetic", "smoke"): TaskPlan(
         ArithmeticConfig(max_digits=2, reverse_output=False, n_pretrain_documents=4000, equations_per_document=3),

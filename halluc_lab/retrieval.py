@@ -1,5 +1,5 @@
 """Retrieval for RAG: kb_walk's facts as passages, a BM25 and a dense retriever, their fusion, recall@k,
-and the augmented prompt of 001's eq. (11).
+the augmented prompt of 001's eq. (11), and SFT examples that carry it.
 
 Chapter 11. Document: 001 Part 3 §3 (RAG: "an external retriever first queries a knowledge base … using an
 embedding of the prompt … returns a ranked list of relevant chunks z_1, …, z_m", the augmented context
@@ -28,6 +28,14 @@ experiments call many times.
   the queries that have at least one; a query with none (an unanswerable chain's first pair) has no recall
   and is left out of the mean.
 - **The augmented prompt** (:func:`rag_prompt`): eq. (11)'s x' as text.
+- **Fine-tuning to read** (:class:`RetrievedContext`): SFT examples with x' in place of x for a share of
+  them, k passages each: every supporting passage kept with probability ``keep_gold``, the other slots
+  distractors (facts training may show), all in random order. It teaches the *format*: find the fact in
+  the context when it is there, recall it when it is not. It cannot teach that reading beats memory:
+  train chains never pass through a rare fact, so every gold passage in training states a common fact
+  the model already knows from pre-training. A rare fact is never shown, not even as a distractor: after
+  this SFT it is still known only from its 1–3 pre-training sentences, so on a held-out chain through it
+  the passage is news the model never learned to trust over its memory.
 
 Departures and choices (each tested in tests/unit/test_retrieval.py):
 
@@ -36,6 +44,9 @@ Departures and choices (each tested in tests/unit/test_retrieval.py):
   passage ends in ``.``, so x' reads as a pre-training document followed by the question, in the task's
   own vocabulary (a new separator token would change every model's vocabulary size).
 - 001's t' ≤ Δ: the lab's model has no hard window; the caller keeps k small (k passages add 4k tokens).
+- 001 says RAG "does not modify θ^*"; :class:`RetrievedContext` is the common practice of fine-tuning on
+  retrieved context as well, so the chapter can compare a model that never saw x' with one trained on it.
+  Its passages are drawn from the world (gold kept at random, distractors uniform), not by a retriever.
 - A single retrieval from the prompt finds a chain's first fact — the prompt names its entity and relation
   — but not the later ones: their entity is the answer of the hop before, which the query does not
   contain. 001's "multi-hop retrieval" (query again with what was found) is not implemented here.
@@ -43,9 +54,13 @@ Departures and choices (each tested in tests/unit/test_retrieval.py):
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
+import random
+import weakref
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
@@ -53,6 +68,7 @@ import torch
 import torch.nn.functional as F
 
 from halluc_lab import lexical
+from halluc_lab.tasks.base import Example
 from halluc_lab.tokenizer import ABSTAIN
 
 Query = str | Sequence[str]  # a whitespace-separated string or its list of tokens
@@ -112,8 +128,12 @@ def supporting_passages(task, prompt: str) -> list[int]:
     each once. The walk stops at the first pair without a fact, so an unanswerable chain has fewer
     supporting facts than hops, or none. Example: for ``e0 r1 r2 =`` with facts (e0, r1) → e1 and no fact
     (e1, r2), the id of ``e0 r1 e1 .`` alone."""
+    return _supporting(task, prompt, {fact: i for i, fact in enumerate(task.facts)})
+
+
+def _supporting(task, prompt: str, ids: dict[tuple[str, str], int]) -> list[int]:
+    """:func:`supporting_passages` with the fact → passage id map given (built once per world)."""
     symbols = task.gold(prompt).split()  # e0 r1 e1 r2 e2 … [<abstain>]; raises on a malformed prompt
-    ids = {fact: i for i, fact in enumerate(task.facts)}
     out: list[int] = []
     for i in range(1, len(symbols) - 1, 2):
         if symbols[i + 1] == ABSTAIN:
@@ -299,3 +319,90 @@ def rag_prompt(passages: Sequence[str], prompt: str) -> str:
         if not isinstance(p, str) or not p.split():
             raise ValueError(f"passages[{i}] must be a non-empty string, got {p!r}")
     return " ".join([*(" ".join(p.split()) for p in passages), " ".join(prompt.split())])
+
+
+# ---------------------------------------------------------------- fine-tuning on retrieved context
+
+
+@dataclass(frozen=True)
+class _World:
+    """A kb_walk world's passages, built once per task object: texts, fact → id, the ids training may show."""
+
+    texts: tuple[str, ...]  # fact_passages(task)
+    ids: dict[tuple[str, str], int]  # (entity, relation) -> passage id
+    trainable: tuple[int, ...]  # ids of the facts usable in training (common facts), in id order
+
+
+_WORLDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # task -> _World
+
+
+def _world(task) -> _World:
+    if not all(hasattr(task, a) for a in ("facts", "usable_in_training", "knowable")):
+        raise TypeError(f"task must be a kb_walk task (facts to show as passages), got {type(task).__name__}")
+    world = _WORLDS.get(task)
+    if world is None:
+        world = _World(tuple(fact_passages(task)), {fact: i for i, fact in enumerate(task.facts)},
+                       tuple(i for i, (e, r) in enumerate(task.facts) if task.usable_in_training(e, r)))
+        _WORLDS[task] = world
+    return world
+
+
+@dataclass(frozen=True)
+class RetrievedContext:
+    """Passages prepended to a share of SFT prompts, so the fine-tuned model learns to read x' (eq. 11).
+
+    An example drawn for context gets k passages, k uniform in 1 … ``passages`` (a retriever's top k and a
+    chain's supporting facts come in every number; a fixed k lets a model tie the answer to where the prompt
+    starts): each of its supporting facts (:func:`supporting_passages`) kept with probability ``keep_gold`` — a
+    uniform subset of k of them when more than k are kept — and the remaining slots filled with distractors, drawn uniformly without
+    replacement from the facts training may show (``task.usable_in_training``: never a rare fact) other than
+    the chain's own supporting facts (a dropped gold passage does not come back as a distractor). The k
+    passages are shuffled. The module docstring says what this teaches and what it cannot.
+    """
+
+    share: float = 0.5  # share of SFT examples that get passages; the rest stay plain (answering without retrieval)
+    passages: int = 4  # the most passages prepended to an example that gets any (each adds 4 tokens)
+    keep_gold: float = 0.5  # each supporting passage is kept with this probability (else: recall from memory)
+
+    def __post_init__(self):
+        for name in ("share", "keep_gold"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0.0 <= value <= 1.0:
+                raise ValueError(f"{name} must be a number in [0, 1], got {value!r}")
+        if isinstance(self.passages, bool) or not isinstance(self.passages, int) or self.passages < 1:
+            raise ValueError(f"passages must be an int >= 1, got {self.passages!r}")
+
+    def augment(self, task, example: Example, rng: random.Random) -> Example:
+        """``example`` with its prompt replaced by ``rag_prompt(passages, prompt)``, or unchanged when it draws no
+        context (probability 1 − ``share``); the completion is unchanged. Deterministic given ``rng``.
+
+        ``task`` is the :class:`~halluc_lab.tasks.kb_walk.KBWalk` world of the example, which must be one
+        training may use (``task.knowable``): a held-out chain through a rare fact would show that fact.
+        A ValueError when the world has too few training facts to fill the k slots.
+        """
+        world = _world(task)
+        if not isinstance(example, Example):
+            raise TypeError(f"example must be an Example, got {type(example).__name__}")
+        if not task.knowable(example.prompt):
+            raise ValueError(f"example {example.prompt!r} looks up a rare fact or a pair reserved for evaluation: "
+                             f"retrieved context is for training examples, which never show those")
+        if self.passages > len(world.trainable):
+            raise ValueError(f"passages={self.passages} would need up to {self.passages} distractors but the world has "
+                             f"only {len(world.trainable)} training facts")
+        if rng.random() >= self.share:
+            return example
+        k = rng.randint(1, self.passages)
+        gold = _supporting(task, example.prompt, world.ids)
+        kept = [i for i in gold if rng.random() < self.keep_gold]
+        if len(kept) > k:
+            kept = rng.sample(kept, k)
+        need = k - len(kept)
+        # A uniform sample of the training facts, the chain's own left out: at most len(gold) are dropped.
+        drawn = rng.sample(world.trainable, min(len(world.trainable), need + len(gold)))
+        distractors = [i for i in drawn if i not in gold][:need]
+        if len(distractors) < need:
+            raise ValueError(f"{k} passages need {need} distractors but the world has only "
+                             f"{len(distractors)} training facts besides the chain's own")
+        chosen = kept + distractors
+        rng.shuffle(chosen)  # the gold passages anywhere, not always first
+        return dataclasses.replace(example, prompt=rag_prompt([world.texts[i] for i in chosen], example.prompt))

@@ -1,5 +1,6 @@
 """Recipes: the registry, stages, cache keys derived from the code, checksummed entries, resuming, HF compatibility."""
 
+import collections
 import dataclasses
 import hashlib
 import json
@@ -15,6 +16,7 @@ from halluc_lab import recipe_cache, recipes
 from halluc_lab import train as halluc_train
 from halluc_lab.data import IGNORE
 from halluc_lab.model import ModelConfig
+from halluc_lab.retrieval import RetrievedContext, fact_passages
 from halluc_lab.sft import BackspaceConfig
 from halluc_lab.tasks import ArithmeticConfig, make_task
 from halluc_lab.train import NextTokenLoss, TrainConfig, file_sha256
@@ -97,8 +99,10 @@ def test_unknown_names_and_scales_raise(bad):
 def hyper_parameters(r: recipes.Recipe) -> dict:
     """A recipe's hyper-parameters in the flat form they had before stages were dataclasses (the key, the
     code fingerprint and the checkpoint interval left out)."""
+    later = {"retrieved": None}  # fields added after the digest was pinned, left out at their defaults
     stage = {"n_examples": 0, "completion_only": True, "replay_fraction": 0.0, "backspace": None,
-             "scheduled_sampling": 0.0, **dataclasses.asdict(r.stage)}
+             "scheduled_sampling": 0.0,
+             **{k: v for k, v in dataclasses.asdict(r.stage).items() if not (k in later and v == later[k])}}
     train = {k: v for k, v in dataclasses.asdict(r.train).items() if k not in ("checkpoint_every", "keep_checkpoints")}
     return {"name": r.name, "scale": r.scale, "task_type": type(r.task).__name__, "task": dataclasses.asdict(r.task),
             "model": dataclasses.asdict(r.model), "train": train, "batch_size": r.batch_size, "seq_len": r.seq_len,
@@ -501,3 +505,85 @@ def test_the_preference_stages_draw_the_same_samples_of_their_clean_sft_model(sc
         assert dpo.stage.samples == best.stage.samples == soft.stage.samples == 8
         assert dpo.train.lr < best.train.lr < dpo.parent.train.lr  # preference tuning runs below the SFT rate
     assert "path_star-dpo" not in recipes.NAMES  # no preference stage where the plan gives none
+
+
+# -- chapter 11: SFT on retrieved context ----------------------------------------------------------------
+@pytest.mark.parametrize("scale", recipes.SCALES)
+def test_rag_sft_is_kb_walks_clean_sft_with_retrieved_context_at_matched_compute(scale):
+    rag, clean = recipes.get("kb_walk-sft-rag", scale), recipes.get("kb_walk-sft-clean", scale)
+    assert rag.stage == dataclasses.replace(clean.stage, retrieved=RetrievedContext()) and clean.stage.retrieved is None
+    assert (rag.train, rag.parent, rag.seed, rag.model, rag.task) == (clean.train, clean.parent, clean.seed,
+                                                                      clean.model, clean.task)
+    assert rag.train.steps == {"smoke": 250, "full": 400}[scale] and rag.parent.name == "kb_walk-pretrain"
+    assert recipes.key(rag) != recipes.key(clean)
+    for task in ("arithmetic", "path_star"):  # their facts are not passages: no such recipe
+        assert f"{task}-sft-rag" not in recipes.NAMES
+        with pytest.raises(ValueError, match="unknown recipe"):
+            recipes.get(f"{task}-sft-rag", scale)
+
+
+def _sequences(rows, tok) -> list[tuple[list[str], list[int]]]:
+    """Each packed sequence of ``rows`` as (its tokens, its labels), padding left out."""
+    out = []
+    for ids, labels, seg in zip(rows.input_ids.tolist(), rows.labels.tolist(), rows.segment_ids.tolist()):
+        for s in sorted(set(seg) - {0}):
+            at = [t for t, x in enumerate(seg) if x == s]
+            out.append((tok.decode([ids[t] for t in at]).split(), [labels[t] for t in at]))
+    return out
+
+
+def _examples(rows, tok) -> list[tuple[str, str, str]]:
+    """(passages, question, completion) of each SFT example in ``rows`` (replayed documents have no ``=``)."""
+    out = []
+    for tokens, _ in _sequences(rows, tok):
+        if "=" in tokens:
+            eq = tokens.index("=")
+            last = max((t for t in range(eq) if tokens[t] == "."), default=0)  # the last passage's end
+            passages = tokens[1:last + 1] if last else []
+            out.append((" ".join(passages), " ".join(tokens[len(passages) + 1:eq + 1]), " ".join(tokens[eq + 1:-1])))
+    return out
+
+
+def test_rag_sft_rows_carry_passages_in_about_half_the_examples_and_never_a_rare_fact():
+    rag, clean = recipes.get("kb_walk-sft-rag", "smoke"), recipes.get("kb_walk-sft-clean", "smoke")
+    task = make_task(rag.task)
+    tok = task.tokenizer()
+    got = _examples(recipes.training_rows(rag), tok)
+    assert len(got) == rag.stage.n_examples
+    with_context = [p for p, _, _ in got if p]
+    assert 0.45 < len(with_context) / len(got) < 0.55  # share = 0.5 of 3,000
+    # The same examples as clean SFT (matched compute), some with passages before them.
+    assert (collections.Counter((q, c) for _, q, c in got)
+            == collections.Counter((q, c) for _, q, c in _examples(recipes.training_rows(clean), tok)))
+    # After SFT a rare fact is still known only from pre-training: no example shows one. (Replayed pre-training
+    # documents may repeat one, as in clean SFT; they are not examples.)
+    allowed = {p for p, (e, r) in zip(fact_passages(task), task.facts) if task.usable_in_training(e, r)}
+    shown = {p.strip() + " ." for text in with_context for p in text.split(" .") if p.strip()}
+    assert shown <= allowed and len(shown) > 0.9 * len(allowed)
+    sizes = collections.Counter(len(text.split(" .")) - 1 for text in with_context)
+    assert set(sizes) == set(range(1, rag.stage.retrieved.passages + 1))  # 1 … k passages, each number used
+
+
+def test_clean_sft_rows_are_unchanged_by_the_retrieved_field():
+    # The pinned digests of test_stages_build_the_same_rows_as_before were computed before the field existed.
+    clean = recipes.get("kb_walk-sft-clean", "smoke")
+    explicit = dataclasses.replace(clean, stage=recipes.SFT(n_examples=clean.stage.n_examples,
+                                                            replay_fraction=clean.stage.replay_fraction, retrieved=None))
+    a, b = recipes.training_rows(clean), recipes.training_rows(explicit)
+    assert torch.equal(a.input_ids, b.input_ids) and torch.equal(a.labels, b.labels)
+    assert (rows_digest(a.input_ids), rows_digest(a.labels)) == ("5bc6cf3fd48cbbef", "67de8af6fc5618a2")
+
+
+def test_retrieved_context_combines_with_backspace_passages_never_targets_and_needs_kb_walk():
+    rag = recipes.get("kb_walk-sft-rag", "smoke")
+    both = dataclasses.replace(rag, stage=dataclasses.replace(rag.stage, n_examples=300,
+                                                              backspace=BackspaceConfig(rate=0.3)))
+    tok = make_task(rag.task).tokenizer()
+    seqs = [(t, lab) for t, lab in _sequences(recipes.training_rows(both), tok) if "=" in t]
+    assert sum("<bksp>" in t for t, _ in seqs) > 100 and sum("." in t for t, _ in seqs) > 100
+    for tokens, labels in seqs:  # the passages and the question are prompt: no loss on them
+        assert all(lab == IGNORE for lab in labels[:tokens.index("=") + 1])
+    with pytest.raises(TypeError, match="retrieved"):
+        recipes.SFT(n_examples=10, retrieved=0.5)
+    with pytest.raises(TypeError, match="kb_walk"):  # arithmetic has no facts to show
+        recipes.training_rows(tiny_sft(retrieved=RetrievedContext()))

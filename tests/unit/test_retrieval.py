@@ -1,17 +1,20 @@
 """halluc_lab.retrieval: kb_walk's passages, BM25 (bm25s) against the lab's reference, the dense retriever's
-pooling, RRF, recall@k by hand, eq. (11)'s prompt, bad input, and recall on a small world."""
+pooling, RRF, recall@k by hand, eq. (11)'s prompt, bad input, recall on a small world, and the SFT examples
+with retrieved context (RetrievedContext)."""
 
 from __future__ import annotations
 
 import math
+import random
 
 import numpy as np
 import pytest
 import torch
 
 from halluc_lab import lexical
-from halluc_lab.retrieval import (BM25Retriever, DenseRetriever, FusedRetriever, embed, fact_passages,
-                                  rag_prompt, recall_at_k, supporting_passages)
+from halluc_lab.retrieval import (BM25Retriever, DenseRetriever, FusedRetriever, RetrievedContext, embed,
+                                  fact_passages, rag_prompt, recall_at_k, supporting_passages)
+from halluc_lab.tasks import Arithmetic
 from halluc_lab.tasks.kb_walk import KBWalk, KBWalkConfig
 from halluc_lab.tokenizer import ABSTAIN
 from tests.unit._tiny_lm import small_transformer
@@ -283,3 +286,122 @@ def test_bm25_finds_a_chains_first_fact_but_rarely_the_later_ones(task, passages
     assert recall_at_k(hits, first, 10) >= 0.99
     assert recall_at_k(hits, later, 5) <= 0.2
     assert recall_at_k(hits, later, 10) <= 0.3
+
+
+# ---------------------------------------------------------------- fine-tuning on retrieved context
+
+
+def _read(prompt: str) -> tuple[list[str], str]:
+    """(the passages, the question) of an augmented prompt: each passage ends in ``.``, the question follows."""
+    *passages, question = prompt.split(" .")
+    return [p.strip() + " ." for p in passages], question.strip()
+
+
+@pytest.fixture(scope="module")
+def train_examples(task):
+    return task.examples("train", 400, seed=0)
+
+
+def _augment_all(task, examples, ctx, seed=0):
+    rng = random.Random(seed)
+    return [ctx.augment(task, ex, rng) for ex in examples]
+
+
+def test_share_zero_leaves_every_example_and_share_one_gives_each_one_to_k_passages(task, train_examples):
+    assert _augment_all(task, train_examples, RetrievedContext(share=0.0)) == train_examples
+    for k in (1, 4, 6):
+        sizes = []
+        for ex, out in zip(train_examples, _augment_all(task, train_examples, RetrievedContext(share=1.0, passages=k))):
+            passages, question = _read(out.prompt)
+            assert 1 <= len(passages) <= k and len(passages) == len(set(passages)) and question == ex.prompt
+            assert out.completion == ex.completion and out.prompt == rag_prompt(passages, ex.prompt)
+            sizes.append(len(passages))
+        assert set(sizes) == set(range(1, k + 1))  # every number of passages up to k occurs (400 uniform draws)
+
+
+def test_about_share_of_the_examples_get_passages(task, train_examples):
+    out = _augment_all(task, train_examples, RetrievedContext(share=0.3))
+    with_context = sum(o != e for o, e in zip(out, train_examples))
+    assert 0.22 < with_context / len(out) < 0.38  # 120 expected of 400
+
+
+def test_gold_passages_are_kept_at_keep_gold_one_and_never_shown_at_zero(task, passages, train_examples):
+    examples = [e for e in train_examples if supporting_passages(task, e.prompt)]
+    gold = [{passages[i] for i in supporting_passages(task, e.prompt)} for e in examples]
+    always = _augment_all(task, examples, RetrievedContext(share=1.0, keep_gold=1.0))
+    never = _augment_all(task, examples, RetrievedContext(share=1.0, keep_gold=0.0))
+    half = _augment_all(task, examples, RetrievedContext(share=1.0, keep_gold=0.5))
+    # every gold passage shown whenever k leaves room for all of them (k is uniform in 1 … 4)
+    assert all(g <= set(_read(o.prompt)[0]) for g, o in zip(gold, always) if len(_read(o.prompt)[0]) >= len(g))
+    assert all(set(_read(o.prompt)[0]) <= g for g, o in zip(gold, always) if len(_read(o.prompt)[0]) < len(g))
+    assert all(not g & set(_read(o.prompt)[0]) for g, o in zip(gold, never))  # a dropped one is no distractor
+    kept = sum(len(g & set(_read(o.prompt)[0])) for g, o in zip(gold, half)) / sum(map(len, gold))
+    assert 0.4 < kept < 0.6
+
+
+def test_distractors_are_only_facts_training_may_show_never_rare_or_reserved(task, passages, train_examples):
+    # After SFT a rare fact must still be known only from its 1–3 pre-training sentences: no passage is one.
+    fact_of = {p: fact for p, fact in zip(passages, task.facts)}
+    trainable = {p for p, (e, r) in fact_of.items() if task.usable_in_training(e, r)}
+    rare = {p for p, (e, r) in fact_of.items() if task.is_rare(e, r)}
+    assert rare and trainable == set(passages) - rare  # a fact-less pair has no passage to show
+    shown = set()
+    for seed in range(3):
+        for out in _augment_all(task, train_examples, RetrievedContext(share=1.0, keep_gold=0.0), seed=seed):
+            shown |= set(_read(out.prompt)[0])
+    assert shown <= trainable and not shown & rare
+    assert shown == trainable  # 4,800 uniform draws reach every training fact
+
+
+def test_passage_order_is_random_not_gold_first(task, passages, train_examples):
+    examples = [e for e in train_examples if supporting_passages(task, e.prompt)]
+    where = set()
+    for ex, out in zip(examples, _augment_all(task, examples, RetrievedContext(share=1.0, keep_gold=1.0))):
+        shown = _read(out.prompt)[0]
+        first = passages[supporting_passages(task, ex.prompt)[0]]
+        if first in shown:  # a k below the chain's facts may leave it out
+            where.add(shown.index(first))
+    assert where == {0, 1, 2, 3}  # k = 4 in about a quarter of them, and the first gold passage anywhere
+
+
+def test_more_kept_gold_than_k_keeps_a_random_subset_of_k(task, passages):
+    examples = [e for e in task.examples("train", 400, seed=1, hops=3) if len(supporting_passages(task, e.prompt)) == 3]
+    assert len(examples) > 50
+    picked = []
+    for ex, out in zip(examples, _augment_all(task, examples, RetrievedContext(share=1.0, passages=2, keep_gold=1.0))):
+        gold = [passages[i] for i in supporting_passages(task, ex.prompt)]
+        shown = _read(out.prompt)[0]
+        assert len(shown) in (1, 2) and set(shown) <= set(gold)
+        picked += [gold.index(p) for p in shown]
+    assert set(picked) == {0, 1, 2}  # not always the chain's first facts
+
+
+def test_augment_is_deterministic_given_the_rng(task, train_examples):
+    ctx = RetrievedContext()
+    first = _augment_all(task, train_examples, ctx, seed=5)
+    assert first == _augment_all(task, train_examples, ctx, seed=5)
+    assert first != _augment_all(task, train_examples, ctx, seed=6)
+
+
+@pytest.mark.parametrize("changes, match", [
+    ({"share": -0.1}, "share"), ({"share": 1.5}, "share"), ({"share": float("nan")}, "share"),
+    ({"share": True}, "share"), ({"passages": 0}, "passages"), ({"passages": 2.0}, "passages"),
+    ({"passages": True}, "passages"), ({"keep_gold": -0.5}, "keep_gold"), ({"keep_gold": 1.01}, "keep_gold"),
+])
+def test_retrieved_context_rejects_bad_settings(changes, match):
+    with pytest.raises(ValueError, match=match):
+        RetrievedContext(**changes)
+
+
+def test_augment_rejects_another_task_a_held_out_chain_it_must_not_show_and_too_few_facts(task, train_examples):
+    rng = random.Random(0)
+    arithmetic = Arithmetic()
+    with pytest.raises(TypeError, match="kb_walk"):
+        RetrievedContext().augment(arithmetic, arithmetic.examples("train", 1, seed=0)[0], rng)
+    unknowable = next(e for e in task.examples("heldout", 400, seed=0) if not task.knowable(e.prompt))
+    with pytest.raises(ValueError, match="rare fact"):
+        RetrievedContext().augment(task, unknowable, rng)
+    with pytest.raises(ValueError, match="distractors"):
+        RetrievedContext(share=1.0, passages=len(task.facts) + 1).augment(task, train_examples[0], rng)
+    with pytest.raises(TypeError, match="Example"):
+        RetrievedContext().augment(task, train_examples[0].prompt, rng)
