@@ -129,7 +129,7 @@ def distinct_examples_by_length(task: Task, split: str, n: int, seed: int, *,
 
 # -- free running (000 §7.1) -----------------------------------------------------------------------
 def complete(model: torch.nn.Module, tok: Tokenizer, prompts: Sequence[str], max_new_tokens: int, *,
-             greedy: bool = True, temperature: float = 1.0, top_p: float | None = None,
+             greedy: bool = True, temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
              generator: torch.Generator | None = None, dtype: torch.dtype | None = None, chunk: int = CHUNK,
              allow_bksp: bool = True) -> list[str]:
     """Free-running completions of ``<bos> prompt`` through :func:`halluc_lab.engine.generate`,
@@ -140,7 +140,7 @@ def complete(model: torch.nn.Module, tok: Tokenizer, prompts: Sequence[str], max
     with _eval_mode(model):
         for i in range(0, len(prompts), chunk):
             ids = [[tok.bos_id, *tok.encode(p)] for p in prompts[i:i + chunk]]
-            kw = dict(greedy=greedy, temperature=temperature, top_p=top_p, stop_tokens=(tok.eos_id,),
+            kw = dict(greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p, stop_tokens=(tok.eos_id,),
                       generator=generator, dtype=dtype)
             res = (generate(model, ids, max_new_tokens, **kw) if allow_bksp else
                    rollout(model, ids, max_new_tokens, bksp_id=tok.bksp_id, context="keep", allow_bksp=False, **kw))
@@ -149,13 +149,13 @@ def complete(model: torch.nn.Module, tok: Tokenizer, prompts: Sequence[str], max
 
 
 def free_run(model: torch.nn.Module, tok: Tokenizer, examples: Sequence[Example], *, greedy: bool = True,
-             temperature: float = 1.0, top_p: float | None = None, generator: torch.Generator | None = None,
-             allow_bksp: bool = True) -> list[str]:
+             temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
+             generator: torch.Generator | None = None, allow_bksp: bool = True) -> list[str]:
     """The model's own answers to the examples' prompts, with :func:`answer_budget` tokens each:
-    greedy, or sampled at ``temperature`` (and ``top_p``) from ``generator`` (on the model's device);
-    ``allow_bksp=False``: ``<bksp>`` masked out."""
+    greedy, or sampled at ``temperature`` (and ``top_k``, ``top_p``) from ``generator`` (on the model's
+    device); ``allow_bksp=False``: ``<bksp>`` masked out."""
     return complete(model, tok, [e.prompt for e in examples], answer_budget(examples), greedy=greedy,
-                    temperature=temperature, top_p=top_p, generator=generator, allow_bksp=allow_bksp)
+                    temperature=temperature, top_k=top_k, top_p=top_p, generator=generator, allow_bksp=allow_bksp)
 
 
 # -- teacher forcing (002) ---------------------------------------------------------------------------

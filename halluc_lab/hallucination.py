@@ -23,7 +23,7 @@ says, as we read it, that with probability ≥ 99% over the training data any al
 (δ ≈ 0) errs on at least about sr of such prompts. Caveats: the error is on prompts drawn like the
 training data (kb_walk's chains are not: its sr, weighted by the 100-fold common facts, is small); a
 miscalibrated model (one post-trained to abstain) escapes it; it is a lower bound, not a prediction; at
-the lab's scale its finite-sample terms are vacuous (N ≈ 10⁴: (35 + 6 ln N)/√N ≈ 0.78), so
+the lab's scale its finite-sample terms are vacuous (N = 10⁴: (35 + 6 ln N)/√N ≈ 0.90), so
 :func:`singleton_bound` gives the leading term sr − δ beside the full bound. The constants are as we
 read the paper: check them there before quoting. The chapter *measures* whether hallucination tracks
 training frequency (:func:`rate_by_training_count`); it does not assume the bound holds.
