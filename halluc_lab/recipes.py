@@ -246,6 +246,9 @@ STAGE_PLANS = {
     # sft-clean, the model never trained on x': the same examples, steps and rate, from the same pre-trained
     # model. kb_walk only (its facts are the passages): the other tasks' plans give it no steps.
     "sft-rag": _sft(retrieved=RetrievedContext()),
+    # Its reader: the same, but in half the examples with passages the final fact's passage names another entity
+    # and the answer follows it, so reading, not recall, is what the loss rewards there (retrieval.RetrievedContext).
+    "sft-rag-reader": _sft(retrieved=RetrievedContext(counterfactual=0.5)),
     # The matched-compute control of a backspace recipe that continues from clean SFT: clean SFT continued
     # for the same extra steps, so "more training" and "backspace demonstrations" can be told apart.
     "sft-continued": dataclasses.replace(_sft(), parent="sft-clean"),
@@ -315,13 +318,13 @@ TASK_PLANS = {
     ("kb_walk", "smoke"): TaskPlan(
         KBWalkConfig(n_entities=24, n_relations=4, common_count=600, facts_per_document=7, max_hops=3),
         SFT(n_examples=3000, replay_fraction=0.5),
-        {**dict.fromkeys(_SFT_STAGES, 250), "sft-rag": 250, **_PREFERENCE_STEPS["smoke"],
+        {**dict.fromkeys(_SFT_STAGES, 250), "sft-rag": 250, "sft-rag-reader": 250, **_PREFERENCE_STEPS["smoke"],
          "rlhf": _PREFERENCE_STEPS["smoke"]["ppo"]},
         **_PREFERENCE["smoke"]),
     ("kb_walk", "full"): TaskPlan(
         KBWalkConfig(n_entities=120, n_relations=6, common_count=3400, facts_per_document=7, max_hops=4),
         SFT(n_examples=50_000, replay_fraction=0.5),
-        {**dict.fromkeys(_SFT_STAGES, 400), "sft-rag": 400, **_PREFERENCE_STEPS["full"],
+        {**dict.fromkeys(_SFT_STAGES, 400), "sft-rag": 400, "sft-rag-reader": 400, **_PREFERENCE_STEPS["full"],
          "rlhf": _PREFERENCE_STEPS["full"]["ppo"]},
         **_PREFERENCE["full"]),
     ("arithmetic", "smoke"): TaskPlan(

@@ -347,6 +347,37 @@ def _world(task) -> _World:
     return world
 
 
+def _swapped_walk(task, prompt: str, symbols: list[str], rng: random.Random,
+                  tries: int = 20) -> tuple[list[str], tuple[str, str, str]] | None:
+    """A counterfactual walk: one fact of the walk, drawn uniformly, names another entity, and the walk goes on
+    from that entity through the world; with the swapped (entity, relation, entity). None when the walk looks up
+    no fact or ``tries`` candidates all fail: the walk on must be one training may show (no rare fact, no
+    reserved pair) and must not look the swapped pair up again (the passage and the world would disagree)."""
+    relations = prompt.split()[1:-1]
+    steps = [j for j in range(len(symbols) // 2) if symbols[2 * j + 2] != ABSTAIN]  # hops that found a fact
+    if not steps:
+        return None
+    j = rng.choice(steps)
+    head, relation, true = symbols[2 * j:2 * j + 3]
+    for _ in range(tries):
+        other = rng.choice(task.entities)
+        if other in (head, true):
+            continue
+        walk, e, ok = [*symbols[:2 * j + 2], other], other, True
+        for r in relations[j + 1:]:
+            walk.append(r)
+            if (e, r) == (head, relation) or not task.usable_in_training(e, r):
+                ok = False
+                break
+            e = task.facts.get((e, r))
+            walk.append(ABSTAIN if e is None else e)
+            if e is None:
+                break
+        if ok and (head, relation) not in list(zip(walk[0:2 * j:2], walk[1:2 * j:2])):
+            return walk, (head, relation, other)
+    return None
+
+
 @dataclass(frozen=True)
 class RetrievedContext:
     """Passages prepended to a share of SFT prompts, so the fine-tuned model learns to read x' (eq. 11).
@@ -358,14 +389,22 @@ class RetrievedContext:
     replacement from the facts training may show (``task.usable_in_training``: never a rare fact) other than
     the chain's own supporting facts (a dropped gold passage does not come back as a distractor). The k
     passages are shuffled. The module docstring says what this teaches and what it cannot.
+
+    ``counterfactual``: in that share of the augmented examples, one fact of the walk (a uniform hop that
+    finds a fact) is shown as a passage naming another entity, and the completion follows the passage: that
+    entity, then the walk on from it through the world (its facts' passages kept like the others). Training
+    then has cases where the passage, not memory, gives the answer: it teaches the model to read, and to
+    believe what it reads. A candidate whose walk on would show a rare fact or a reserved pair, or look the
+    swapped pair up again, is redrawn; after 20 failures the example keeps its true walk.
     """
 
     share: float = 0.5  # share of SFT examples that get passages; the rest stay plain (answering without retrieval)
     passages: int = 4  # the most passages prepended to an example that gets any (each adds 4 tokens)
     keep_gold: float = 0.5  # each supporting passage is kept with this probability (else: recall from memory)
+    counterfactual: float = 0.0  # share of the augmented examples whose last fact's passage and answer are swapped
 
     def __post_init__(self):
-        for name in ("share", "keep_gold"):
+        for name in ("share", "keep_gold", "counterfactual"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0.0 <= value <= 1.0:
                 raise ValueError(f"{name} must be a number in [0, 1], got {value!r}")
@@ -374,7 +413,8 @@ class RetrievedContext:
 
     def augment(self, task, example: Example, rng: random.Random) -> Example:
         """``example`` with its prompt replaced by ``rag_prompt(passages, prompt)``, or unchanged when it draws no
-        context (probability 1 − ``share``); the completion is unchanged. Deterministic given ``rng``.
+        context (probability 1 − ``share``); the completion is unchanged unless a counterfactual passage is drawn.
+        Deterministic given ``rng``.
 
         ``task`` is the :class:`~halluc_lab.tasks.kb_walk.KBWalk` world of the example, which must be one
         training may use (``task.knowable``): a held-out chain through a rare fact would show that fact.
@@ -392,17 +432,28 @@ class RetrievedContext:
         if rng.random() >= self.share:
             return example
         k = rng.randint(1, self.passages)
-        gold = _supporting(task, example.prompt, world.ids)
+        symbols, fake = example.completion.split(), None
+        if self.counterfactual > 0 and rng.random() < self.counterfactual:
+            swapped = _swapped_walk(task, example.prompt, symbols, rng)
+            if swapped is not None:  # some walks have no fact, or no other entity to walk on from
+                symbols, fake = swapped
+        pairs = zip(symbols[0:-1:2], symbols[1::2])  # (entity, relation) of each step
+        gold = list(dict.fromkeys(world.ids[p] for p, x in zip(pairs, symbols[2::2]) if x != ABSTAIN and p in task.facts
+                                  and (fake is None or p != fake[:2])))  # the true facts the walk uses, once each
         kept = [i for i in gold if rng.random() < self.keep_gold]
-        if len(kept) > k:
-            kept = rng.sample(kept, k)
-        need = k - len(kept)
-        # A uniform sample of the training facts, the chain's own left out: at most len(gold) are dropped.
-        drawn = rng.sample(world.trainable, min(len(world.trainable), need + len(gold)))
-        distractors = [i for i in drawn if i not in gold][:need]
+        room = k - (fake is not None)  # the counterfactual passage is always shown
+        if len(kept) > room:
+            kept = rng.sample(kept, room)
+        need = room - len(kept)
+        avoid = set(gold) | ({world.ids[fake[:2]]} if fake else set())  # never the swapped fact's true passage
+        # A uniform sample of the training facts, the walk's own left out.
+        drawn = rng.sample(world.trainable, min(len(world.trainable), need + len(avoid)))
+        distractors = [i for i in drawn if i not in avoid][:need]
         if len(distractors) < need:
             raise ValueError(f"{k} passages need {need} distractors but the world has only "
                              f"{len(distractors)} training facts besides the chain's own")
-        chosen = kept + distractors
-        rng.shuffle(chosen)  # the gold passages anywhere, not always first
-        return dataclasses.replace(example, prompt=rag_prompt([world.texts[i] for i in chosen], example.prompt))
+        texts = [world.texts[i] for i in kept + distractors] + ([" ".join([*fake, "."])] if fake else [])
+        rng.shuffle(texts)  # the gold passages anywhere, not always first
+        if fake:
+            example = dataclasses.replace(example, completion=" ".join(symbols))
+        return dataclasses.replace(example, prompt=rag_prompt(texts, example.prompt))

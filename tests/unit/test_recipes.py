@@ -516,10 +516,15 @@ def test_rag_sft_is_kb_walks_clean_sft_with_retrieved_context_at_matched_compute
                                                                       clean.model, clean.task)
     assert rag.train.steps == {"smoke": 250, "full": 400}[scale] and rag.parent.name == "kb_walk-pretrain"
     assert recipes.key(rag) != recipes.key(clean)
+    reader = recipes.get("kb_walk-sft-rag-reader", scale)  # the same with counterfactual final passages
+    assert reader.stage == dataclasses.replace(rag.stage, retrieved=RetrievedContext(counterfactual=0.5))
+    assert (reader.train, reader.parent, reader.seed) == (rag.train, rag.parent, rag.seed)
+    assert len({recipes.key(reader), recipes.key(rag), recipes.key(clean)}) == 3
     for task in ("arithmetic", "path_star"):  # their facts are not passages: no such recipe
-        assert f"{task}-sft-rag" not in recipes.NAMES
-        with pytest.raises(ValueError, match="unknown recipe"):
-            recipes.get(f"{task}-sft-rag", scale)
+        for stage in ("sft-rag", "sft-rag-reader"):
+            assert f"{task}-{stage}" not in recipes.NAMES
+            with pytest.raises(ValueError, match="unknown recipe"):
+                recipes.get(f"{task}-{stage}", scale)
 
 
 def _sequences(rows, tok) -> list[tuple[list[str], list[int]]]:

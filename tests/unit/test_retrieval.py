@@ -405,3 +405,40 @@ def test_augment_rejects_another_task_a_held_out_chain_it_must_not_show_and_too_
         RetrievedContext(share=1.0, passages=len(task.facts) + 1).augment(task, train_examples[0], rng)
     with pytest.raises(TypeError, match="Example"):
         RetrievedContext().augment(task, train_examples[0].prompt, rng)
+
+
+def test_a_counterfactual_passage_names_another_entity_and_the_answer_follows_it(task, passages, train_examples):
+    true_passages, hops = set(passages), set()
+    swapped = 0
+    for ex, out in zip(train_examples, _augment_all(task, train_examples, RetrievedContext(share=1.0, counterfactual=1.0))):
+        shown, question = _read(out.prompt)
+        assert question == ex.prompt and 1 <= len(shown) <= 4
+        fakes = [p for p in shown if p not in true_passages]
+        assert len(fakes) <= 1
+        if not fakes:  # no fact to swap, or no entity to walk on from: the example keeps its true walk
+            assert out.completion == ex.completion
+            continue
+        swapped += 1
+        head, relation, other, _ = fakes[0].split()
+        assert task.facts[(head, relation)] not in (other, head)  # a real pair, named with a wrong entity
+        said, gold = out.completion.split(), ex.completion.split()
+        j = next(i for i in range(0, len(said) - 2, 2) if said[i:i + 3] == [head, relation, other])
+        hops.add(j // 2)
+        assert said[:j + 2] == gold[:j + 2]  # the walk up to the swapped fact is the true one
+        e = other  # and from the swapped entity on, it walks the world, through nothing training may not show
+        for i in range(j + 3, len(said), 2):
+            assert said[i] == ex.prompt.split()[1 + i // 2] and task.usable_in_training(e, said[i])
+            e = task.facts.get((e, said[i]))
+            assert said[i + 1] == ("<abstain>" if e is None else e)
+        assert f"{head} {relation} {task.facts[(head, relation)]} ." not in shown  # the true fact is not beside it
+        assert all(not task.is_rare(*p.split()[:2]) for p in shown if p in true_passages)
+    assert swapped > 250 and hops == {0, 1, 2}  # any hop can be the swapped one
+    # counterfactual = 0 draws nothing more: the same examples as the default context
+    assert (_augment_all(task, train_examples, RetrievedContext(counterfactual=0.0))
+            == _augment_all(task, train_examples, RetrievedContext()))
+
+
+def test_counterfactual_share_is_validated():
+    for bad in (-0.1, 1.5, float("nan"), True):
+        with pytest.raises(ValueError, match="counterfactual"):
+            RetrievedContext(counterfactual=bad)
