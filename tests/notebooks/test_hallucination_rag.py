@@ -106,3 +106,12 @@ def test_the_toy_calibration_and_good_turing_checks(glue):
     for exact_sr, exact_mm, n in zip(glue["hall_toy_gt_exact_sr"], glue["hall_toy_gt_exact_mm"], glue["hall_toy_gt_Ns"]):
         assert abs(exact_sr - exact_mm) <= 1 / n  # Good–Turing: E[N1/N] − E[missing mass] is at most 1/N
     assert glue["hall_toy_disagreements"] == 0
+
+
+def test_abstention_by_confidence_covers_every_answer_once(glue):
+    counts = glue["hall_sft_conf_bin_counts"]
+    assert sum(counts) == glue["hall_n_heldout"] * len(glue["hall_seeds"])  # every prompt and seed in one bin
+    for arm in ("SFT", "DPO", "RLVR"):
+        shares = glue[f"hall_abstain_by_sft_conf_{arm}"]
+        assert len(shares) == len(counts)
+        assert all((n == 0 and math.isnan(x)) or (n > 0 and 0.0 <= x <= 1.0) for x, n in zip(shares, counts))
