@@ -45,10 +45,9 @@ from halluc_lab.model import ModelConfig
 from halluc_lab.preference import DPOTraining, OwnErrorsTraining, RSFTTraining
 from halluc_lab.recipe_cache import (SCALES, CacheWarning, Prepare, Recipe, Stage, Trained, cache_root,
                                      code_fingerprint, code_modules, directory, key, load_recipe, used, with_seed)
-from halluc_lab.retrieval import RetrievedContext
 from halluc_lab.rlhf import PPOConfig, PPOTraining, RewardModelPlan
 from halluc_lab.rlvr import RLVRConfig, RLVRTraining
-from halluc_lab.sft import BackspaceConfig, backspace_demonstration, scheduled_sampling
+from halluc_lab.sft import BackspaceConfig, RetrievedContext, backspace_demonstration, scheduled_sampling
 from halluc_lab.tasks import ArithmeticConfig, KBWalkConfig, PathStarConfig, TaskConfig, make_task
 from halluc_lab.train import TrainConfig
 
@@ -247,7 +246,7 @@ STAGE_PLANS = {
     # model. kb_walk only (its facts are the passages): the other tasks' plans give it no steps.
     "sft-rag": _sft(retrieved=RetrievedContext()),
     # Its reader: the same, but in half the examples with passages the final fact's passage names another entity
-    # and the answer follows it, so reading, not recall, is what the loss rewards there (retrieval.RetrievedContext).
+    # and the answer follows it, so reading, not recall, is what the loss rewards there (sft.RetrievedContext).
     "sft-rag-reader": _sft(retrieved=RetrievedContext(counterfactual=0.5)),
     # The matched-compute control of a backspace recipe that continues from clean SFT: clean SFT continued
     # for the same extra steps, so "more training" and "backspace demonstrations" can be told apart.

@@ -16,7 +16,8 @@ from halluc_lab import recipe_cache, recipes
 from halluc_lab import train as halluc_train
 from halluc_lab.data import IGNORE
 from halluc_lab.model import ModelConfig
-from halluc_lab.retrieval import RetrievedContext, fact_passages
+from halluc_lab.retrieval import fact_passages
+from halluc_lab.sft import RetrievedContext
 from halluc_lab.sft import BackspaceConfig
 from halluc_lab.tasks import ArithmeticConfig, make_task
 from halluc_lab.train import NextTokenLoss, TrainConfig, file_sha256

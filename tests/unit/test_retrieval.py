@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from halluc_lab import lexical
-from halluc_lab.retrieval import (BM25Retriever, DenseRetriever, FusedRetriever, RetrievedContext, embed,
-                                  fact_passages, rag_prompt, recall_at_k, supporting_passages)
+from halluc_lab.retrieval import (BM25Retriever, DenseRetriever, FusedRetriever, embed, fact_passages, rag_prompt,
+                                  recall_at_k, supporting_passages)
+from halluc_lab.sft import RetrievedContext
 from halluc_lab.tasks import Arithmetic
 from halluc_lab.tasks.kb_walk import KBWalk, KBWalkConfig
 from halluc_lab.tokenizer import ABSTAIN
