@@ -241,12 +241,12 @@ STAGE_PLANS = {
     "sft-backspace": _sft(backspace=BackspaceConfig(rate=0.1)),  # 000 §7.3
     "sft-scheduled": _sft(scheduled_sampling=0.25),  # 002, "Scheduled Sampling"
     # Chapter 11 (001 Part 3 §3, RAG): a model fine-tuned to read retrieved context, half its prompts preceded by
-    # 4 passages (each supporting fact kept with probability 1/2, the rest distractors). Matched compute with
+    # 1–4 passages (each supporting fact kept with probability 1/2, the rest distractors). Matched compute with
     # sft-clean, the model never trained on x': the same examples, steps and rate, from the same pre-trained
     # model. kb_walk only (its facts are the passages): the other tasks' plans give it no steps.
     "sft-rag": _sft(retrieved=RetrievedContext()),
-    # Its reader: the same, but in half the examples with passages the final fact's passage names another entity
-    # and the answer follows it, so reading, not recall, is what the loss rewards there (sft.RetrievedContext).
+    # Its reader: the same, but in half the examples with passages one fact's passage names another entity and the
+    # answer follows it, so reading, not recall, is what the loss rewards there (sft.RetrievedContext).
     "sft-rag-reader": _sft(retrieved=RetrievedContext(counterfactual=0.5)),
     # The matched-compute control of a backspace recipe that continues from clean SFT: clean SFT continued
     # for the same extra steps, so "more training" and "backspace demonstrations" can be told apart.

@@ -1,5 +1,5 @@
 """Retrieval for RAG: kb_walk's facts as passages, a BM25 and a dense retriever, their fusion, recall@k,
-the augmented prompt of 001's eq. (11), and SFT examples that carry it.
+and the augmented prompt of 001's eq. (11).
 
 Chapter 11. Document: 001 Part 3 §3 (RAG: "an external retriever first queries a knowledge base … using an
 embedding of the prompt … returns a ranked list of relevant chunks z_1, …, z_m", the augmented context
@@ -113,12 +113,8 @@ def supporting_passages(task, prompt: str) -> list[int]:
     each once. The walk stops at the first pair without a fact, so an unanswerable chain has fewer
     supporting facts than hops, or none. Example: for ``e0 r1 r2 =`` with facts (e0, r1) → e1 and no fact
     (e1, r2), the id of ``e0 r1 e1 .`` alone."""
-    return _supporting(task, prompt, {fact: i for i, fact in enumerate(task.facts)})
-
-
-def _supporting(task, prompt: str, ids: dict[tuple[str, str], int]) -> list[int]:
-    """:func:`supporting_passages` with the fact → passage id map given (built once per world)."""
     symbols = task.gold(prompt).split()  # e0 r1 e1 r2 e2 … [<abstain>]; raises on a malformed prompt
+    ids = {fact: i for i, fact in enumerate(task.facts)}
     out: list[int] = []
     for i in range(1, len(symbols) - 1, 2):
         if symbols[i + 1] == ABSTAIN:

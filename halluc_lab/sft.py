@@ -220,11 +220,12 @@ class RetrievedContext:
 
     An example drawn for context gets k passages, k uniform in 1 … ``passages`` (a retriever's top k and a
     chain's supporting facts come in every number; a fixed k lets a model tie the answer to where the prompt
-    starts): each of its supporting facts (:func:`supporting_passages`) kept with probability ``keep_gold`` — a
-    uniform subset of k of them when more than k are kept — and the remaining slots filled with distractors, drawn uniformly without
-    replacement from the facts training may show (``task.usable_in_training``: never a rare fact) other than
-    the chain's own supporting facts (a dropped gold passage does not come back as a distractor). The k
-    passages are shuffled. The module docstring says what this teaches and what it cannot.
+    starts): each fact its walk looks up (:func:`halluc_lab.retrieval.supporting_passages`) kept with
+    probability ``keep_gold`` — a uniform subset of k of them when more than k are kept — and the remaining
+    slots filled with distractors, drawn uniformly without replacement from the facts training may show
+    (``task.usable_in_training``: never a rare fact) other than the walk's own (a dropped gold passage does not
+    come back as a distractor). The k passages are shuffled. The module docstring says what this teaches and
+    what it cannot.
 
     ``counterfactual``: in that share of the augmented examples, one fact of the walk (a uniform hop that
     finds a fact) is shown as a passage naming another entity, and the completion follows the passage: that
@@ -237,7 +238,7 @@ class RetrievedContext:
     share: float = 0.5  # share of SFT examples that get passages; the rest stay plain (answering without retrieval)
     passages: int = 4  # the most passages prepended to an example that gets any (each adds 4 tokens)
     keep_gold: float = 0.5  # each supporting passage is kept with this probability (else: recall from memory)
-    counterfactual: float = 0.0  # share of the augmented examples whose last fact's passage and answer are swapped
+    counterfactual: float = 0.0  # share of the augmented examples with one fact's passage and the answer swapped
 
     def __post_init__(self):
         for name in ("share", "keep_gold", "counterfactual"):
