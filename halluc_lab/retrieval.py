@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 import numpy as np
@@ -113,8 +113,14 @@ def supporting_passages(task, prompt: str) -> list[int]:
     each once. The walk stops at the first pair without a fact, so an unanswerable chain has fewer
     supporting facts than hops, or none. Example: for ``e0 r1 r2 =`` with facts (e0, r1) → e1 and no fact
     (e1, r2), the id of ``e0 r1 e1 .`` alone."""
-    symbols = task.gold(prompt).split()  # e0 r1 e1 r2 e2 … [<abstain>]; raises on a malformed prompt
-    ids = {fact: i for i, fact in enumerate(task.facts)}
+    return walk_passages(task, task.gold(prompt).split())  # raises on a malformed prompt
+
+
+def walk_passages(task, symbols: Sequence[str], ids: Mapping[tuple[str, str], int] | None = None) -> list[int]:
+    """Ids (into :func:`fact_passages`) of the facts a walk ``e0 r1 e1 r2 e2 … [<abstain>]`` looks up, in walk
+    order, each once, up to its ``<abstain>``. Every (entity, relation) pair before that must be a fact.
+    ``ids``: the fact → id map, for a caller that keeps one (built from ``task.facts`` when None)."""
+    ids = {fact: i for i, fact in enumerate(task.facts)} if ids is None else ids
     out: list[int] = []
     for i in range(1, len(symbols) - 1, 2):
         if symbols[i + 1] == ABSTAIN:

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import torch
 
 from halluc_lab.data import IGNORE, Batch, Encoded
-from halluc_lab.retrieval import fact_passages, rag_prompt
+from halluc_lab.retrieval import fact_passages, rag_prompt, walk_passages
 from halluc_lab.sampling import sample
 from halluc_lab.tasks.base import Example, Task, completion_symbols
 from halluc_lab.tokenizer import ABSTAIN, SPECIAL_TOKENS, Tokenizer
@@ -274,15 +274,14 @@ class RetrievedContext:
             swapped = _swapped_walk(task, example.prompt, symbols, rng)
             if swapped is not None:  # some walks have no fact, or no other entity to walk on from
                 symbols, fake = swapped
-        pairs = zip(symbols[0:-1:2], symbols[1::2])  # (entity, relation) of each step
-        gold = list(dict.fromkeys(world.ids[p] for p, x in zip(pairs, symbols[2::2]) if x != ABSTAIN and p in task.facts
-                                  and (fake is None or p != fake[:2])))  # the true facts the walk uses, once each
+        swapped_fact = world.ids[fake[:2]] if fake else None  # its true passage is never shown
+        gold = [i for i in walk_passages(task, symbols, world.ids) if i != swapped_fact]  # the walk's true facts
         kept = [i for i in gold if rng.random() < self.keep_gold]
         room = k - (fake is not None)  # the counterfactual passage is always shown
         if len(kept) > room:
             kept = rng.sample(kept, room)
         need = room - len(kept)
-        avoid = set(gold) | ({world.ids[fake[:2]]} if fake else set())  # never the swapped fact's true passage
+        avoid = set(gold) | ({swapped_fact} if fake else set())  # distractors: neither the walk's nor the swapped
         # A uniform sample of the training facts, the walk's own left out.
         drawn = rng.sample(world.trainable, min(len(world.trainable), need + len(avoid)))
         distractors = [i for i in drawn if i not in avoid][:need]
