@@ -4,8 +4,9 @@ Decode: tiny at batches 1 and 64 against HF generate with its dynamic and its st
 small at batches 1 and 64 against the dynamic cache only (the static cache's compile is slow).
 Training step: tiny and small at batch 32 × 256 tokens. BM25 indexing and querying against bm25s and
 rank-bm25 (CPU). DPO step and RL iterations (PPO, RLVR) against TRL (kb_walk,
-the recipes' shape), when TRL is installed (it is not a dependency: see preference.py). JSON files go
-to ``--out``.
+the recipes' shape), when TRL is installed (it is not a dependency: see preference.py). On a machine
+with several GPUs, one GPU against two (and four) for pre-training, RLVR and spread seeds
+(distributed.py). JSON files go to ``--out``.
 
     python benchmarks/run_all.py --out _build/bench
     python benchmarks/run_all.py --quick          # a smoke check of the scripts (CPU: a minute)
@@ -19,8 +20,11 @@ import sys
 import time
 from pathlib import Path
 
+import torch
+
 import bm25
 import decode
+import distributed
 import preference
 import rlvr
 import train_step
@@ -49,6 +53,12 @@ def main(argv=None) -> None:
     else:
         preference.main(common + ["--json", str(out / "preference.json")])
         rlvr.main(common + ["--json", str(out / "rlvr.json")])
+    gpus = torch.cuda.device_count()
+    if gpus < 2 or args.quick:
+        print("\ndistributed: skipped, it needs at least two CUDA GPUs (and is no smoke check)")
+    else:
+        distributed.main(["--gpus", ",".join(str(g) for g in (1, 2, 4) if g <= gpus),
+                          "--json", str(out / "distributed.json")])
     print(f"\nall benchmarks: {time.perf_counter() - start:.0f} s")
 
 

@@ -41,6 +41,7 @@ save about every quarter of the run): a killed run resumes from them, not from s
 from __future__ import annotations
 
 import ast
+import contextlib
 import dataclasses
 import datetime
 import hashlib
@@ -58,7 +59,7 @@ import torch
 from filelock import FileLock
 from torch import nn
 
-from halluc_lab import hf_convert
+from halluc_lab import distributed, hf_convert
 from halluc_lab.data import Batch, batches
 from halluc_lab.model import ModelConfig, Transformer
 from halluc_lab.tasks import Task, TaskConfig, make_task
@@ -298,18 +299,23 @@ def load_recipe(recipe: Recipe, device: torch.device | str, dtype: torch.dtype =
     recipe, without paths. :func:`halluc_lab.recipes.load` takes a name and a runtime instead."""
     device = torch.device(device)
     path = directory(recipe, dtype)
-    trained_now = False
-    if _fault(path, recipe, dtype) is not None:
+    trained_now, main = False, distributed.is_main()
+    # Under torchrun rank 0 checks the entry and holds the lock, every rank trains (the loops shard the data),
+    # and rank 0 alone writes: the ranks must share one filesystem.
+    if distributed.broadcast_object(main and _fault(path, recipe, dtype) is not None):
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        with FileLock(path + ".lock"):
-            fault = _fault(path, recipe, dtype)  # None if another process finished it meanwhile
+        with FileLock(path + ".lock") if main else contextlib.nullcontext():
+            # None if another process finished it meanwhile
+            fault = distributed.broadcast_object(_fault(path, recipe, dtype) if main else None)
             if fault is not None:
-                _discard(path, fault)
-                _train(recipe, path, device, dtype, verbose)
+                if main:
+                    _discard(path, fault)
+                distributed.barrier()
+                _train(recipe, path, device, dtype, verbose and main)
                 trained_now = True
     out = _read(path, recipe, device, trained_now)
     _USED[recipe.name, recipe.scale, os.path.basename(path)] = None
-    if verbose and not trained_now:
+    if verbose and not trained_now and distributed.is_main():
         print(f"{recipe.name} ({recipe.scale}): loaded from the cache (trained in {out.seconds:.0f} s)")
     return out
 
@@ -384,17 +390,34 @@ def _train(recipe: Recipe, path: str, device: torch.device, dtype: torch.dtype, 
     try:
         model, hist = _run(recipe, checkpoints, device, dtype, verbose)
     except CheckpointError as e:  # a corrupt checkpoint: report it, start over
-        warnings.warn(f"{checkpoints}: {e}; training from step 0", CacheWarning, stacklevel=3)
-        shutil.rmtree(checkpoints)
+        distributed.barrier()  # every rank has failed to read it before it goes
+        if distributed.is_main():
+            warnings.warn(f"{checkpoints}: {e}; training from step 0", CacheWarning, stacklevel=3)
+            shutil.rmtree(checkpoints)
+        distributed.barrier()
         resumed = None
         model, hist = _run(recipe, checkpoints, device, dtype, verbose)
     seconds = time.perf_counter() - start
+    if distributed.is_main():  # under torchrun every rank holds the same model; one writes it
+        _write(recipe, path, model, hist, seconds, device, dtype, resumed)
+    distributed.barrier()
+    if verbose:
+        how, ranks = "trained" if resumed is None else f"resumed from {os.path.basename(resumed)}", distributed.world_size()
+        print(f"{recipe.name} ({recipe.scale}): {how}, {recipe.train.steps} steps on {device.type}"
+              f"{f' × {ranks} processes' if ranks > 1 else ''} in {seconds:.1f} s, final loss {hist.loss[-1]:.3f}")
+
+
+def _write(recipe: Recipe, path: str, model: nn.Module, hist: History, seconds: float, device: torch.device,
+           dtype: torch.dtype, resumed: str | None) -> None:
+    """Write a trained entry's files, then its manifest, and drop its checkpoints."""
+    checkpoints = os.path.join(path, "checkpoints")
     tok = make_task(recipe.task).tokenizer()
     hf_convert.save_pretrained(model, os.path.join(path, "model"), bos_token_id=tok.bos_id,
                                eos_token_id=tok.eos_id, pad_token_id=tok.pad_id)
     tok.save(os.path.join(path, "model"))
     meta = {"seconds": seconds, "device": str(device), "date": datetime.date.today().isoformat(),
-            "resumed_from": None if resumed is None else os.path.basename(resumed)}
+            "resumed_from": None if resumed is None else os.path.basename(resumed),
+            "processes": distributed.world_size()}
     for name, data in (("history.json", hist.to_dict()), ("meta.json", meta),
                        ("recipe.json", _identity(recipe, dtype))):
         with open(os.path.join(path, name), "w", encoding="utf-8") as f:
@@ -404,10 +427,6 @@ def _train(recipe: Recipe, path: str, device: torch.device, dtype: torch.dtype, 
         json.dump(manifest, f, indent=1)
     os.replace(os.path.join(path, DONE + ".tmp"), os.path.join(path, DONE))  # the entry is complete
     shutil.rmtree(checkpoints, ignore_errors=True)
-    if verbose:
-        how = "trained" if resumed is None else f"resumed from {os.path.basename(resumed)}"
-        print(f"{recipe.name} ({recipe.scale}): {how}, {recipe.train.steps} steps on {device.type} in "
-              f"{seconds:.1f} s, final loss {hist.loss[-1]:.3f}")
 
 
 def _read(path: str, recipe: Recipe, device: torch.device, trained_now: bool) -> Trained:

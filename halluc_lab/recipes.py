@@ -398,10 +398,13 @@ def load(name: str | Recipe, rt, *, verbose: bool = False) -> Trained:
 
 
 # -- several chains at once ----------------------------------------------------------------------------
-def _train_chains(chains: list[list[Recipe]], device: str, dtype: torch.dtype) -> None:
-    """Worker: load (train if needed) each chain's recipes in order, deterministic kernels on."""
+def _train_chains(chains: list[list[Recipe]], device: str, dtype: torch.dtype, gpu: int | None = None) -> None:
+    """Worker: load (train if needed) each chain's recipes in order, deterministic kernels on; ``gpu``: the
+    index of the GPU that ``"cuda"`` means in this process."""
     from halluc_lab.device import set_deterministic
 
+    if gpu is not None:
+        torch.cuda.set_device(gpu)
     set_deterministic(True)
     for chain in chains:
         for recipe in chain:
@@ -416,8 +419,9 @@ def prefetch(recipes: Sequence[Recipe], device: torch.device | str, dtype: torch
     parents first; chains of different roots (other seeds, other tasks) train in parallel processes.
     A training step of the lab's models is launch-bound on a GPU, so several processes keep it busy
     where one cannot (the speed-up is on the results page). ``processes``: how many at once (default:
-    one per chain on CUDA, 1 elsewhere, where the work runs in this process). Afterwards
-    :func:`load` reads every recipe from the cache.
+    one per chain on CUDA, 1 elsewhere, where the work runs in this process). On a machine with several
+    GPUs and ``device`` "cuda" (no index), the processes take the GPUs in turn: one seed's chain per GPU.
+    Afterwards :func:`load` reads every recipe from the cache.
     """
     device = torch.device(device)
     chains: dict[Recipe, list[Recipe]] = {}
@@ -431,5 +435,7 @@ def prefetch(recipes: Sequence[Recipe], device: torch.device | str, dtype: torch
         _train_chains(groups, str(device), dtype)
         return
     ctx = multiprocessing.get_context("spawn")  # CUDA cannot be used in a forked child
+    gpus = torch.cuda.device_count() if device.type == "cuda" and device.index is None else 0
     with ctx.Pool(min(n, len(groups))) as pool:
-        pool.starmap(_train_chains, [(groups[i::n], str(device), dtype) for i in range(min(n, len(groups)))])
+        pool.starmap(_train_chains, [(groups[i::n], str(device), dtype, i % gpus if gpus > 1 else None)
+                                     for i in range(min(n, len(groups)))])

@@ -18,6 +18,12 @@ steps, each on whole groups, minimise the loss the caller passes (:class:`Listin
 :class:`DrGRPO`, :class:`DAPO`: the formulas are :mod:`halluc_lab.losses`'), with an optional k3 KL term to
 the reference policy; the KL is measured every round either way.
 
+Under ``torchrun`` (:mod:`halluc_lab.distributed`) each rank rolls out its contiguous share of the round's
+prompts on its own GPU, with its own sampling stream; the rollouts and rewards are gathered, so every rank
+sees the whole round and the group statistics are the single process's. Each minibatch's whole groups are
+shared out again, each rank's loss is weighed by its share of the loss's denominator (``denominator``: the
+tokens, or the sequences, it divides by), and DDP's average of the gradients is then the global batch's.
+
 Where the code departs from the documents: Listing 3 never calls ``loss.backward()`` before
 ``optimizer.step()``, so as printed it trains nothing; :class:`Listing3` is the listing with the backward
 pass (and the mean over real tokens, not padding). π_old's log-probs come from a forward pass before the
@@ -35,7 +41,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from halluc_lab.backtrack import CONTEXTS, Rollout, rollout, training_rows
+from halluc_lab import distributed
+from halluc_lab.backtrack import CONTEXTS, rollout, training_rows
 from halluc_lab.data import IGNORE, pad, prompt_rounds
 from halluc_lab.device import deterministic
 from halluc_lab.evaluate import answer_budget, model_device
@@ -60,6 +67,10 @@ class Listing3:
 
     scale_advantages = False  # mean-shifted only
 
+    def denominator(self, mask, max_tokens) -> Tensor:
+        """What the loss divides its sum by: the masked tokens."""
+        return mask.sum()
+
     def __call__(self, logp, logp_old, advantages, mask, *, kl, beta, max_tokens) -> Tensor:
         if beta:
             raise ValueError("Listing 3 has no KL term: use beta=0, or GRPO for a KL-regularised loss")
@@ -73,6 +84,10 @@ class GRPO:
     clip: float = 0.2
     scale_advantages = True
 
+    def denominator(self, mask, max_tokens) -> Tensor:
+        """What the loss divides its sum of per-sequence means by: the sequences with a token."""
+        return (mask.sum(1) > 0).sum()
+
     def __call__(self, logp, logp_old, advantages, mask, *, kl, beta, max_tokens) -> Tensor:
         return grpo_loss(logp, logp_old, advantages, mask, clip=self.clip, kl=kl, beta=beta)
 
@@ -83,6 +98,10 @@ class DrGRPO:
 
     clip: float = 0.2
     scale_advantages = False
+
+    def denominator(self, mask, max_tokens) -> Tensor:
+        """What the loss divides its sum by: rollouts × the generation budget."""
+        return mask.new_tensor(mask.shape[0] * max_tokens, dtype=torch.long)
 
     def __call__(self, logp, logp_old, advantages, mask, *, kl, beta, max_tokens) -> Tensor:
         return dr_grpo_loss(logp, logp_old, advantages, mask, max_tokens=max_tokens, clip=self.clip, kl=kl, beta=beta)
@@ -95,6 +114,10 @@ class DAPO:
     clip_low: float = 0.2
     clip_high: float = 0.28
     scale_advantages = True
+
+    def denominator(self, mask, max_tokens) -> Tensor:
+        """What the loss divides its sum by: the masked tokens of the batch."""
+        return mask.sum()
 
     def __call__(self, logp, logp_old, advantages, mask, *, kl, beta, max_tokens) -> Tensor:
         return dapo_loss(logp, logp_old, advantages, mask, clip_low=self.clip_low, clip_high=self.clip_high,
@@ -207,30 +230,33 @@ def rlvr(policy: nn.Module, reference: nn.Module, prompts: Sequence[Sequence[int
     if not prompts:
         raise ValueError("prompts must hold at least one prompt")
     device, G, M = model_device(policy), cfg.samples_per_prompt, cfg.max_new_tokens
-    order_g, sample_g = torch.Generator().manual_seed(seed), torch.Generator(device=device).manual_seed(seed)
+    ranks = distributed.world_size()
+    if cfg.prompts_per_iteration // cfg.minibatches < ranks:
+        raise ValueError(f"a minibatch of {cfg.prompts_per_iteration // cfg.minibatches} groups cannot give each of "
+                         f"{ranks} processes a group: raise prompts_per_iteration or lower minibatches")
+    order_g = torch.Generator().manual_seed(seed)  # the same on every rank: prompts and minibatches
+    sample_g = torch.Generator(device=device).manual_seed(seed + _RANK_SEED_STRIDE * distributed.rank())
     optimizer = make_optimizer(policy, TrainConfig(lr=cfg.lr, betas=(0.9, 0.999), weight_decay=0.0))
     banned = () if cfg.allow_bksp else (tok.bksp_id,)
     was_training = policy.training
     reference.eval()
+    trainable = distributed.wrap(policy)  # itself in one process
     next_prompts, hist = prompt_rounds(len(prompts), cfg.prompts_per_iteration, order_g), RLVRHistory()
     for _ in progress(range(cfg.iterations), desc=desc):
         todo = next(next_prompts)
         repeated = [list(prompts[i]) for i in todo for _ in range(G)]
         policy.eval()
-        out = rollout(policy, [prompts[i] for i in todo], M, bksp_id=tok.bksp_id, context=cfg.context,
-                      allow_bksp=cfg.allow_bksp, stop_tokens=(tok.eos_id,), generator=sample_g, dtype=autocast_dtype,
-                      n_samples=G)
-        logs, sampled = out.token_lists(), out.sampled_lists()
-        scores = [float(r) for r in reward(repeated, logs)]
-        if len(scores) != len(logs) or not all(math.isfinite(r) for r in scores):
-            raise ValueError(f"reward must return one finite number per completion ({len(logs)}), got {scores[:8]}")
-        rewards = torch.tensor(scores)
+        mine = todo[distributed.shard(len(todo))]  # this rank rolls out its share of the round's prompts
+        samples = _gather(_sample(policy, [prompts[i] for i in mine], reward, cfg, tok, sample_g, autocast_dtype))
+        rewards = torch.tensor(samples.rewards)
         advantages = group_advantages(rewards, G, scale=loss.scale_advantages).to(device)
-        mask = torch.nn.functional.pad(out.sampled_mask, (0, M - out.sampled_mask.shape[1])).to(device)  # (N, M)
-        parts = [(groups[:, None] * G + torch.arange(G)).flatten()  # rollouts of each minibatch's whole groups
+        mask = _pad_flags(samples.sampled, M).to(device)  # (N, M)
+        parts = [groups[distributed.shard(len(groups))]  # this rank's whole groups of each minibatch
                  for groups in torch.randperm(cfg.prompts_per_iteration, generator=order_g).chunk(cfg.minibatches)]
-        rows = [round_rows([repeated[i] for i in part], [logs[i] for i in part], [sampled[i] for i in part], M,
-                           bksp_id=tok.bksp_id, context=cfg.context, pad_id=tok.pad_id).to(device) for part in parts]
+        parts = [(groups[:, None] * G + torch.arange(G)).flatten() for groups in parts]
+        rows = [round_rows([repeated[i] for i in part], [samples.logs[i] for i in part],
+                           [samples.sampled[i] for i in part], M, bksp_id=tok.bksp_id, context=cfg.context,
+                           pad_id=tok.pad_id).to(device) for part in parts]
         with torch.no_grad(), autocast(device, autocast_dtype):  # before any step: π_ref, and π_old if it differs
             ref = [log_logprobs(reference, r, banned) for r in rows]
             old = [log_logprobs(policy, r, banned) for r in rows] if cfg.minibatches > 1 else None
@@ -240,28 +266,69 @@ def rlvr(policy: nn.Module, reference: nn.Module, prompts: Sequence[Sequence[int
             part = part.to(device)
             m = mask[part]
             with autocast(device, autocast_dtype):
-                logp = log_logprobs(policy, r, banned)
+                logp = log_logprobs(trainable, r, banned)
             kl = kl_estimates(logp, ref[k], m).k3  # measured every round; in the loss (with its gradient) if β > 0
             value = loss(logp, logp.detach() if old is None else old[k], advantages[part], m,
                          kl=kl if cfg.beta else None, beta=cfg.beta, max_tokens=M)
+            if ranks > 1:  # DDP averages the ranks' gradients: weigh each rank's loss by its share of the global
+                den = loss.denominator(m, M).float()  # denominator, so that the average is the global batch's loss
+                value = value * (ranks * den.clamp_min(1) / distributed.all_sum(den).clamp_min(1))
             optimizer.zero_grad(set_to_none=True)
             value.backward()
             torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.grad_clip)
             optimizer.step()
             kl_sum += kl.detach().sum()
-        _record(hist, rewards, out, float(kl_sum) / len(logs), tok, G)
+        _record(hist, rewards, samples, float(distributed.all_sum(kl_sum)) / len(samples.logs), tok, G)
     policy.train(was_training)
     return hist
 
 
-def _record(hist: RLVRHistory, rewards: Tensor, out: Rollout, kl: float, tok: Tokenizer, G: int) -> None:
+_RANK_SEED_STRIDE = 1_000_003  # rank r samples with seed + r·stride; rank 0's stream is the single process's
+
+
+@dataclass(frozen=True)
+class RoundSamples:
+    """A round's rollouts as lists, prompt-major (G per prompt): one rank's share, or all ranks' gathered."""
+
+    logs: list[list[int]]  # every emitted token, take-backs included
+    sampled: list[list[bool]]  # whether each logged token was sampled (not forced)
+    texts: list[list[int]]  # what each rollout finally says
+    rewards: list[float]  # the reward of each
+
+
+def _sample(policy: nn.Module, prompts: list, reward: Reward, cfg: RLVRConfig, tok: Tokenizer,
+            generator: torch.Generator, dtype: torch.dtype | None) -> RoundSamples:
+    """G rollouts of each prompt from one prefill, and their rewards."""
+    G = cfg.samples_per_prompt
+    out = rollout(policy, prompts, cfg.max_new_tokens, bksp_id=tok.bksp_id, context=cfg.context,
+                  allow_bksp=cfg.allow_bksp, stop_tokens=(tok.eos_id,), generator=generator, dtype=dtype, n_samples=G)
+    logs = out.token_lists()
+    scores = [float(r) for r in reward([list(p) for p in prompts for _ in range(G)], logs)]
+    if len(scores) != len(logs) or not all(math.isfinite(r) for r in scores):
+        raise ValueError(f"reward must return one finite number per completion ({len(logs)}), got {scores[:8]}")
+    return RoundSamples(logs, out.sampled_lists(), out.text_lists(), scores)
+
+
+def _gather(samples: RoundSamples) -> RoundSamples:
+    """Every rank's rollouts, in rank order (the round's prompt order): the group statistics see them all."""
+    parts = distributed.gather_objects(samples)
+    if len(parts) == 1:
+        return samples
+    return RoundSamples(*([x for p in parts for x in getattr(p, f.name)] for f in dataclasses.fields(RoundSamples)))
+
+
+def _pad_flags(flags: list[list[bool]], width: int) -> Tensor:
+    """``(N, width)`` bool: each row's flags, then False."""
+    return torch.tensor([f + [False] * (width - len(f)) for f in flags], dtype=torch.bool).view(len(flags), width)
+
+
+def _record(hist: RLVRHistory, rewards: Tensor, samples: RoundSamples, kl: float, tok: Tokenizer, G: int) -> None:
     """Append a round's means to ``hist``."""
-    texts = out.text_lists()
-    emitted = out.lengths.sum().item()
+    texts, emitted = samples.texts, sum(len(log) for log in samples.logs)
     tied = (rewards.view(-1, G) == rewards.view(-1, G)[:, :1]).all(1)
-    for name, v in (("reward", rewards.mean().item()), ("abstained", sum(tok.abstain_id in t for t in texts) / len(texts)), ("kl", kl),
-                    ("length", emitted / len(texts)),
-                    ("bksp_rate", (out.tokens == tok.bksp_id).sum().item() / max(emitted, 1)),
+    for name, v in (("reward", rewards.mean().item()), ("abstained", sum(tok.abstain_id in t for t in texts) / len(texts)),
+                    ("kl", kl), ("length", emitted / len(texts)),
+                    ("bksp_rate", sum(log.count(tok.bksp_id) for log in samples.logs) / max(emitted, 1)),
                     ("zero_groups", tied.float().mean().item())):
         getattr(hist, name).append(v)
 

@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from halluc_lab.data import Batch
+from halluc_lab.distributed import all_sum, is_wrapped, world_size
 from halluc_lab.losses import causal_lm_loss
 
 Loss = Callable[[nn.Module, Batch], "tuple[torch.Tensor, torch.Tensor]"]
@@ -81,6 +82,8 @@ def accumulate_gradients(model: nn.Module, batch: Batch, accum_steps: int, *, lo
 
     Each micro-batch's *summed* loss is backpropagated and the accumulated gradient divided once by
     the whole batch's count (see the module docstring). Both results are 0-d tensors: no host sync.
+    A model in ``DistributedDataParallel`` holds this rank's share of the global batch: the loss and
+    the count are summed over the ranks, so the gradient and both results are the global batch's.
     """
     n_rows = batch.input_ids.shape[0]
     if not isinstance(accum_steps, int) or not 1 <= accum_steps <= n_rows:
@@ -97,10 +100,13 @@ def accumulate_gradients(model: nn.Module, batch: Batch, accum_steps: int, *, lo
         total += summed.detach()
         count += n
         start += size
+    ranks = world_size() if is_wrapped(model) else 1
+    if ranks > 1:  # the loss and count over all ranks' rows
+        total, count = all_sum(torch.stack([total, count])).unbind()
     scale = 1.0 / count.clamp_min(1)  # a step without targets is reported by the loop
     grads = [p.grad for p in model.parameters() if p.grad is not None]
-    if grads:
-        torch._foreach_mul_(grads, scale)
+    if grads:  # DDP averaged the ranks' summed gradients: × ranks makes them the sum over all rows
+        torch._foreach_mul_(grads, scale if ranks == 1 else scale * ranks)
     return total * scale, count
 
 

@@ -40,6 +40,7 @@ import torch
 from safetensors.torch import load_model, save_model
 from torch import nn
 
+from halluc_lab import distributed
 from halluc_lab.data import Batch
 from halluc_lab.device import deterministic
 from halluc_lab.progress import progress
@@ -154,7 +155,13 @@ def train(model: nn.Module, data: Callable[[int], Batch], cfg: TrainConfig, *,
         resume: continue from the latest checkpoint in ``checkpoint_dir`` if there is one.
         prepare: ``prepare(model, batch, step) -> batch`` run before the step (scheduled sampling).
         autocast_dtype: e.g. ``torch.bfloat16`` for autocast on the model's device; None for none.
-        cuda_graph: capture the step as a CUDA graph (:class:`~halluc_lab.step.CapturedStep`); None: on CUDA.
+        cuda_graph: capture the step as a CUDA graph (:class:`~halluc_lab.step.CapturedStep`); None: on CUDA
+            in a single process.
+
+    Under ``torchrun`` (:mod:`halluc_lab.distributed`) every rank draws the same global batch, runs
+    ``prepare`` on it, and trains on its contiguous share of the rows in ``DistributedDataParallel``; the
+    losses, the gradient and so the weights are the single process's (up to the order of float sums).
+    Rank 0 writes the checkpoints; every rank resumes from them.
     """
     with deterministic():  # same seed, same device type: the same bits (ARCHITECTURE.md §3)
         return _train_loop(model, data, cfg, checkpoint_dir, resume, loss, prepare, autocast_dtype, cuda_graph, desc)
@@ -164,9 +171,13 @@ def _train_loop(model, data, cfg, checkpoint_dir, resume, loss, prepare, autocas
                 desc) -> History:
     """The body of :func:`train`."""
     device = next(model.parameters()).device
-    graphed = device.type == "cuda" if cuda_graph is None else cuda_graph
+    ranks = distributed.world_size()
+    graphed = device.type == "cuda" and ranks == 1 if cuda_graph is None else cuda_graph
     if graphed and device.type != "cuda":
         raise ValueError(f"cuda_graph=True needs the model on a CUDA device, not {device.type}")
+    if graphed and ranks > 1:
+        raise ValueError("cuda_graph=True is for one process: a distributed step runs eagerly (DDP's all-reduce "
+                         "overlaps the backward pass)")
     opt = make_optimizer(model, cfg, capturable=graphed)
     history, start = History(), 1
     if resume:
@@ -178,8 +189,9 @@ def _train_loop(model, data, cfg, checkpoint_dir, resume, loss, prepare, autocas
             start = done + 1
     was_training = model.training
     model.train()
-    step_fn = (CapturedStep if graphed else EagerStep)(model, opt, grad_clip=cfg.grad_clip, accum_steps=cfg.accum_steps,
-                                                       loss=loss, autocast_dtype=autocast_dtype)
+    step_fn = (CapturedStep if graphed else EagerStep)(distributed.wrap(model), opt, grad_clip=cfg.grad_clip,
+                                                       accum_steps=cfg.accum_steps, loss=loss,
+                                                       autocast_dtype=autocast_dtype)
     pending: list[tuple] = []
     clock = time.perf_counter()
     for step in progress(range(start, cfg.steps + 1), desc=desc, initial=start - 1, total=cfg.steps):
@@ -187,17 +199,33 @@ def _train_loop(model, data, cfg, checkpoint_dir, resume, loss, prepare, autocas
         batch = data(step - 1).to(device)
         if prepare is not None:
             batch = prepare(model, batch, step)
+        tokens = batch.input_ids.numel()  # the global batch's
+        if ranks > 1:
+            batch = _shard(batch, cfg.accum_steps)
         total, grad_norm, count = step_fn(batch, lr)
-        pending.append((step, lr, total, grad_norm, count, batch.input_ids.numel()))
+        pending.append((step, lr, total, grad_norm, count, tokens))
         save_now = checkpoint_dir is not None and (
             step == cfg.steps or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0))
         if step % cfg.log_every == 0 or step == cfg.steps or save_now:
             clock = _flush(pending, history, clock)
         if save_now:
-            save_checkpoint(checkpoint_dir, step, model, opt, history, cfg)
+            if distributed.is_main():
+                save_checkpoint(checkpoint_dir, step, model, opt, history, cfg)
+            distributed.barrier()  # every rank's next read (a resume, the cache) sees the whole checkpoint
     opt.zero_grad(set_to_none=True)  # a captured step's gradients live in its graph's memory: let them go
     model.train(was_training)
     return history
+
+
+def _shard(batch: Batch, accum_steps: int) -> Batch:
+    """This rank's contiguous rows of a global batch, split into the same ``accum_steps`` micro-batches."""
+    n = batch.input_ids.shape[0]
+    share = distributed.shard(n)
+    if share.stop - share.start < accum_steps:
+        raise ValueError(f"a batch of {n} rows over {distributed.world_size()} processes leaves rank "
+                         f"{distributed.rank()} {share.stop - share.start} rows, fewer than accum_steps={accum_steps}: "
+                         "use fewer processes, a bigger batch or fewer micro-batches")
+    return batch[share]
 
 
 def _flush(pending: list, history: History, clock: float) -> float:
