@@ -1,0 +1,123 @@
+"""Continual learning's machinery: which parameters train, eq. (12)'s anchor, and the geometry of forgetting.
+
+Chapter 12. Source: 001 Part 4 §1. The document splits the parameters, θ = (θ_frozen, θ_trainable), and
+updates only the trainable part on a new corpus D^(k+1), with a regulariser that keeps it near the last
+solution (eq. 12)::
+
+    θ_trainable^(k+1) = argmin_ϑ [ L^(k+1)(θ_frozen, ϑ) + λ Ω(ϑ, θ_trainable^(k)) ].
+
+It explains forgetting by geometry: the new loss's gradient g^(k+1) "generically has a nonzero projection onto
+the subspace spanned by the earlier task gradients" S^(k), so a step −η g^(k+1) changes the old losses too, to
+first order by −η ⟨∇L^(i), g^(k+1)⟩. This module gives each piece as a function of a model, so the chapter can
+measure them on the lab's models:
+
+- :func:`train_only` freezes every parameter but the chosen ones (``train.train``'s optimizer takes only those
+  that require a gradient); :func:`block_parameters` names a block's;
+- :class:`Anchored` is a loss with λΩ added, Ω(ϑ, θ^(k)) = ½ ‖ϑ − θ^(k)‖² over the trainable parameters (the
+  simplest Ω: it pulls on the weights, not on the hidden representations F_θ(E) the document names);
+- :func:`flat_gradient` is ∇_θ L on a batch as one vector, :func:`span_share` the share of a gradient's squared
+  norm inside the span of others (cos² of its angle to S^(k): 1 inside it, 0 orthogonal to it), and
+  :func:`first_order_change` the predicted change of an old loss after one step on the new one.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import nn
+
+Tensor = torch.Tensor
+
+
+def train_only(model: nn.Module, names: Sequence[str]) -> list[str]:
+    """Make ``names`` (parameter names, as ``named_parameters`` gives them) θ_trainable and freeze the rest in
+    place; return the trainable names in the model's order. Unknown names are an error."""
+    params = dict(model.named_parameters())
+    unknown = sorted(set(names) - set(params))
+    if unknown or not names:
+        raise ValueError(f"names must be a non-empty subset of the model's parameters; unknown: {unknown[:5]}")
+    chosen = set(names)
+    for name, p in params.items():
+        p.requires_grad_(name in chosen)
+    return [n for n in params if n in chosen]
+
+
+def block_parameters(model: nn.Module, blocks: Sequence[int]) -> list[str]:
+    """The names of the parameters of the lab model's blocks ``blocks`` (0 is the first)."""
+    n = len(model.layers)
+    if not blocks or any(isinstance(b, bool) or not isinstance(b, int) or not 0 <= b < n for b in blocks):
+        raise ValueError(f"blocks must be a non-empty list of block indices in [0, {n - 1}], got {list(blocks)!r}")
+    prefixes = tuple(f"layers.{b}." for b in blocks)
+    return [name for name, _ in model.named_parameters() if name.startswith(prefixes)]
+
+
+class Anchored:
+    """``loss`` plus eq. (12)'s λΩ(ϑ, θ^(k)), Ω = ½ ‖ϑ − θ^(k)‖² summed over the trainable parameters.
+
+    ``loss(model, batch) -> (summed loss, count)`` as :data:`halluc_lab.step.Loss`; the training step divides by
+    the count, so λΩ is added as λΩ·count and the step minimises mean loss + λΩ. ``anchor``: the trainable
+    parameters' values at the start (θ^(k)), taken from ``model`` now.
+    """
+
+    def __init__(self, loss: Callable, model: nn.Module, lam: float):
+        if isinstance(lam, bool) or not isinstance(lam, (int, float)) or not (math.isfinite(lam) and lam >= 0):
+            raise ValueError(f"lam must be a finite number >= 0, got {lam!r}")
+        self.loss, self.lam = loss, float(lam)
+        self.anchor = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+        if not self.anchor:
+            raise ValueError("the model has no trainable parameter to anchor (call train_only first?)")
+
+    def penalty(self, model: nn.Module) -> Tensor:
+        """Ω(ϑ, θ^(k)) = ½ Σ ‖ϑ − θ^(k)‖²."""
+        params = dict(model.named_parameters())
+        return 0.5 * sum(((params[n] - a) ** 2).sum() for n, a in self.anchor.items())
+
+    def __call__(self, model: nn.Module, batch) -> tuple[Tensor, Tensor]:
+        summed, count = self.loss(model, batch)
+        if not self.lam:
+            return summed, count
+        return summed + self.lam * self.penalty(model) * count, count
+
+
+def flat_gradient(model: nn.Module, loss: Callable, batch) -> Tensor:
+    """∇_θ of the batch's mean loss, ``loss(model, batch) -> (summed, count)``, over the parameters that require a
+    gradient, concatenated in the model's order (float32). The model's ``.grad`` fields are left as they were."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        raise ValueError("the model has no parameter that requires a gradient")
+    summed, count = loss(model, batch)
+    grads = torch.autograd.grad(summed / count.clamp_min(1), params, allow_unused=True)
+    return torch.cat([(torch.zeros_like(p) if g is None else g).float().flatten() for p, g in zip(params, grads)])
+
+
+def span_share(g: Tensor, others: Sequence[Tensor]) -> float:
+    """‖P g‖² / ‖g‖²: the share of ``g``'s squared norm in the span of ``others`` (P the orthogonal projection).
+
+    It is cos² of the angle between g and the subspace: 1 for g inside it, 0 for g orthogonal to it.
+
+    >>> span_share(torch.tensor([1.0, 1.0, 0.0]), [torch.tensor([1.0, 0.0, 0.0])])
+    0.5
+    """
+    if g.dim() != 1 or not others or any(o.shape != g.shape for o in others):
+        raise ValueError(f"g must be 1-D and others a non-empty list of vectors of its shape {tuple(g.shape)}")
+    norm2 = float(g.double().pow(2).sum())
+    if norm2 == 0:
+        raise ValueError("g is the zero vector: it has no direction")
+    basis = torch.stack([o.double() for o in others], 1)  # (P, k)
+    q, r = torch.linalg.qr(basis)  # reduced: q (P, k) orthonormal columns spanning the others
+    keep = r.diagonal().abs() > 1e-12 * max(float(r.diagonal().abs().max()), 1e-300)  # drop dependent columns
+    coeff = q[:, keep].T @ g.double()
+    return float(coeff.pow(2).sum()) / norm2
+
+
+def first_order_change(g_old: Tensor, g_new: Tensor, lr: float) -> float:
+    """The change of an old loss after one plain gradient step θ ← θ − η g_new, to first order: −η ⟨g_old, g_new⟩.
+
+    >>> first_order_change(torch.tensor([1.0, 2.0]), torch.tensor([3.0, -1.0]), 0.1)
+    -0.1
+    """
+    if g_old.shape != g_new.shape or g_old.dim() != 1:
+        raise ValueError(f"g_old and g_new must be vectors of one shape, got {tuple(g_old.shape)} and {tuple(g_new.shape)}")
+    return -lr * float(g_old.double() @ g_new.double())
