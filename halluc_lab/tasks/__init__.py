@@ -5,7 +5,9 @@ One module per task, sharing :mod:`halluc_lab.tasks.base`:
 * :mod:`~halluc_lab.tasks.kb_walk` — chains of facts in a fictional knowledge base
   (rare facts, abstention, hallucinated steps);
 * :mod:`~halluc_lab.tasks.arithmetic` — multi-digit addition, digit by digit;
-* :mod:`~halluc_lab.tasks.path_star` — path-star graphs (Bachmann & Nagarajan, 2024).
+* :mod:`~halluc_lab.tasks.path_star` — path-star graphs (Bachmann & Nagarajan, 2024);
+* :mod:`~halluc_lab.tasks.in_context` — a fresh rule in every prompt, given only by its examples (chapter 12's
+  in-context learning).
 
 Every task's ``reward`` has the signature ``(prompts, completions, **kw) -> list[float]``
 and ``claims`` says which parts of a completion are supported::
@@ -17,12 +19,13 @@ and ``claims`` says which parts of a completion are supported::
 """
 
 from halluc_lab.tasks.arithmetic import Arithmetic, ArithmeticConfig
+from halluc_lab.tasks.in_context import InContext, InContextConfig
 from halluc_lab.tasks.base import (ABSTAINED, CONTRADICTED, HALLUCINATED, MALFORMED, SPLITS, SUPPORTED,
                                    UNSUPPORTED, Claim, Example, Task, completion_symbols)
 from halluc_lab.tasks.kb_walk import KBWalk, KBWalkConfig
 from halluc_lab.tasks.path_star import PathStar, PathStarConfig
 
-TaskConfig = KBWalkConfig | ArithmeticConfig | PathStarConfig
+TaskConfig = KBWalkConfig | ArithmeticConfig | PathStarConfig | InContextConfig
 
 
 def make_task(config: TaskConfig) -> Task:
@@ -33,10 +36,12 @@ def make_task(config: TaskConfig) -> Task:
         return Arithmetic(config)
     if isinstance(config, PathStarConfig):
         return PathStar(config)
-    raise TypeError(f"config must be a KBWalkConfig, ArithmeticConfig or PathStarConfig, "
+    if isinstance(config, InContextConfig):
+        return InContext(config)
+    raise TypeError(f"config must be a KBWalkConfig, ArithmeticConfig, PathStarConfig or InContextConfig, "
                     f"got {type(config).__name__}")
 
 
-__all__ = ["Arithmetic", "ArithmeticConfig", "KBWalk", "KBWalkConfig", "PathStar", "PathStarConfig",
+__all__ = ["Arithmetic", "ArithmeticConfig", "InContext", "InContextConfig", "KBWalk", "KBWalkConfig", "PathStar", "PathStarConfig",
            "Task", "TaskConfig", "Example", "Claim", "make_task", "completion_symbols", "SPLITS",
            "SUPPORTED", "CONTRADICTED", "UNSUPPORTED", "ABSTAINED", "MALFORMED", "HALLUCINATED"]

@@ -8,12 +8,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from halluc_lab.tasks import (ABSTAINED, CONTRADICTED, MALFORMED, SUPPORTED, UNSUPPORTED, Arithmetic,
-                              ArithmeticConfig, KBWalk, KBWalkConfig, PathStar, PathStarConfig,
-                              completion_symbols, make_task)
+                              ArithmeticConfig, InContext, InContextConfig, KBWalk, KBWalkConfig, PathStar,
+                              PathStarConfig, completion_symbols, make_task)
 
 TASKS = [KBWalk(KBWalkConfig(n_entities=20, n_relations=3, common_count=5)),
          Arithmetic(ArithmeticConfig(max_digits=3, n_pretrain_documents=50)),
-         PathStar(PathStarConfig(degree=3, path_length=4, n_nodes=16, n_pretrain_documents=50))]
+         PathStar(PathStarConfig(degree=3, path_length=4, n_nodes=16, n_pretrain_documents=50)),
+         InContext(InContextConfig(n_pretrain_documents=50))]
 
 
 # -- shared behaviour --------------------------------------------------------------------------
@@ -96,6 +97,7 @@ def test_an_abstention_after_a_wrong_step_is_a_hallucination():
 def test_make_task_dispatches_on_the_config_type():
     assert isinstance(make_task(ArithmeticConfig()), Arithmetic)
     assert isinstance(make_task(PathStarConfig()), PathStar)
+    assert isinstance(make_task(InContextConfig()), InContext)
     with pytest.raises(TypeError, match="config must be"):
         make_task({"max_digits": 3})
 
