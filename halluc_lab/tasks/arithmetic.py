@@ -10,6 +10,11 @@ which carries are computed, which makes the task much easier for a left-to-right
 * **Pre-training** documents are train-split equations ``a + b = c .`` back to back.
 * **Claims**: each answer digit is one claim; it is supported when it equals the sum's digit
   at that place, contradicted otherwise; digits beyond the sum's length are unsupported.
+* **Chain of thought** (``scratchpad``, chapter 12; 001 Part 5 §2, y = (r_1:K, a)): the completion first
+  writes the columns, least significant first, each as ``x y c k s ;`` (the digits, the carry in, the carry
+  out and the column's digit: x + y + c = 10 k + s), then ``:`` and the sum. 001's ``17 + 25`` is
+  ``1 7 + 2 5 =`` → ``7 5 0 1 2 ; 1 2 1 0 4 ; : 4 2``. The verifier asks for the whole completion, the
+  reasoning included; :meth:`Arithmetic.final_answer` reads the answer alone.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from halluc_lab.tasks.base import (CONTRADICTED, MALFORMED, SUPPORTED, UNSUPPORT
                                    split_of)
 
 DIGITS = tuple("0123456789")
+COLUMN_END, ANSWER = ";", ":"  # the scratchpad's separators (only in a scratchpad task's vocabulary)
 _MAX_TRIES = 10_000  # rejection-sampling budget per example
 
 
@@ -37,6 +43,7 @@ class ArithmeticConfig:
     n_pretrain_documents: int = 2000  # documents in the pre-training corpus
     equations_per_document: int = 4  # equations per pre-training document
     split_seed: int = 0  # salt of the train/held-out hash
+    scratchpad: bool = False  # write the column sums before the answer (chain of thought)
 
     def __post_init__(self):
         check_count("min_digits", self.min_digits, 1)
@@ -46,6 +53,8 @@ class ArithmeticConfig:
         check_count("split_seed", self.split_seed)
         if not 0.0 < self.heldout_fraction < 1.0:
             raise ValueError(f"heldout_fraction must be in (0, 1), got {self.heldout_fraction!r}")
+        if not isinstance(self.scratchpad, bool):
+            raise TypeError(f"scratchpad must be a bool, got {self.scratchpad!r}")
 
 
 class Arithmetic(Task):
@@ -64,7 +73,7 @@ class Arithmetic(Task):
         self.config = config
 
     def symbols(self) -> tuple[str, ...]:
-        return DIGITS + ("+", "=", ".")
+        return DIGITS + ("+", "=", ".") + ((COLUMN_END, ANSWER) if self.config.scratchpad else ())
 
     def _operand(self, rng: random.Random) -> int:
         k = rng.randint(self.config.min_digits, self.config.max_digits)
@@ -78,11 +87,30 @@ class Arithmetic(Task):
         digits = list(str(a + b))
         return digits[::-1] if self.config.reverse_output else digits
 
+    def _completion(self, a: int, b: int) -> list[str]:
+        """The answer, after the columns' working when the task writes a scratchpad."""
+        if not self.config.scratchpad:
+            return self._answer(a, b)
+        steps, carry = [], 0
+        for i in range(max(len(str(a)), len(str(b)))):
+            x, y = a // 10 ** i % 10, b // 10 ** i % 10
+            k, digit = divmod(x + y + carry, 10)
+            steps += [str(x), str(y), str(carry), str(k), str(digit), COLUMN_END]
+            carry = k
+        return [*steps, ANSWER, *self._answer(a, b)]
+
+    def final_answer(self, completion: str | Sequence[str]) -> list[str]:
+        """The answer a completion gives: what follows its last ``:`` with a scratchpad, all of it without."""
+        said = completion_symbols(completion)
+        if not self.config.scratchpad:
+            return said
+        return said[len(said) - said[::-1].index(ANSWER):] if ANSWER in said else []
+
     def example(self, a: int, b: int) -> Example:
         """The example for ``a + b`` (whatever its split)."""
         if a < 0 or b < 0:
             raise ValueError(f"operands must be non-negative, got {a} and {b}")
-        return Example(" ".join([*str(a), "+", *str(b), "="]), " ".join(self._answer(a, b)))
+        return Example(" ".join([*str(a), "+", *str(b), "="]), " ".join(self._completion(a, b)))
 
     def _draw(self, rng: random.Random, split: str, answer_digits: int | None) -> tuple[int, int]:
         for _ in range(_MAX_TRIES):
@@ -115,7 +143,7 @@ class Arithmetic(Task):
         return int(left), int(right[:-1])
 
     def gold(self, prompt: str) -> str:
-        return " ".join(self._answer(*self._parse_prompt(prompt)))
+        return " ".join(self._completion(*self._parse_prompt(prompt)))
 
     def pretraining_documents(self, seed: int) -> list[str]:
         """Train-split equations ``a + b = c .``, ``equations_per_document`` per document."""
@@ -127,22 +155,24 @@ class Arithmetic(Task):
         return docs
 
     def claims(self, prompt: str, completion: str | Sequence[str]) -> list[Claim]:
-        """One claim per answer digit (in the order written)."""
+        """One claim per symbol written (the answer's digits; with a scratchpad, the working's too), in order."""
         gold = self.gold(prompt).split()
         out = []
         for i, s in enumerate(completion_symbols(completion)):
-            if s not in DIGITS:
+            if i < len(gold) and s == gold[i]:
+                status = SUPPORTED
+            elif s not in DIGITS:
                 status = MALFORMED
-            elif i >= len(gold):
-                status = UNSUPPORTED
             else:
-                status = SUPPORTED if s == gold[i] else CONTRADICTED
+                status = UNSUPPORTED if i >= len(gold) else CONTRADICTED
             out.append(Claim(i, i + 1, s, status, i < len(gold) and s == gold[i]))
         return out
 
     def plausible_error(self, example: Example, position: int, rng: random.Random) -> str:
-        """The right digit off by one (a dropped or spurious carry)."""
+        """The right digit off by one (a dropped or spurious carry); at a scratchpad separator, a digit."""
         gold = example.completion.split()
         if not 0 <= position < len(gold):
             raise ValueError(f"position must be in [0, {len(gold)}), got {position!r}")
+        if gold[position] not in DIGITS:
+            return rng.choice(DIGITS)
         return str((int(gold[position]) + rng.choice((-1, 1))) % 10)

@@ -101,11 +101,13 @@ def hyper_parameters(r: recipes.Recipe) -> dict:
     """A recipe's hyper-parameters in the flat form they had before stages were dataclasses (the key, the
     code fingerprint and the checkpoint interval left out)."""
     later = {"retrieved": None}  # fields added after the digest was pinned, left out at their defaults
+    later_task = {"scratchpad": False}
     stage = {"n_examples": 0, "completion_only": True, "replay_fraction": 0.0, "backspace": None,
              "scheduled_sampling": 0.0,
              **{k: v for k, v in dataclasses.asdict(r.stage).items() if not (k in later and v == later[k])}}
     train = {k: v for k, v in dataclasses.asdict(r.train).items() if k not in ("checkpoint_every", "keep_checkpoints")}
-    return {"name": r.name, "scale": r.scale, "task_type": type(r.task).__name__, "task": dataclasses.asdict(r.task),
+    return {"name": r.name, "scale": r.scale, "task_type": type(r.task).__name__,
+            "task": {k: v for k, v in dataclasses.asdict(r.task).items() if not (k in later_task and v == later_task[k])},
             "model": dataclasses.asdict(r.model), "train": train, "batch_size": r.batch_size, "seq_len": r.seq_len,
             "parent": None if r.parent is None else r.parent.name, **stage, "seed": r.seed}
 

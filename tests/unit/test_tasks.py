@@ -14,7 +14,8 @@ from halluc_lab.tasks import (ABSTAINED, CONTRADICTED, MALFORMED, SUPPORTED, UNS
 TASKS = [KBWalk(KBWalkConfig(n_entities=20, n_relations=3, common_count=5)),
          Arithmetic(ArithmeticConfig(max_digits=3, n_pretrain_documents=50)),
          PathStar(PathStarConfig(degree=3, path_length=4, n_nodes=16, n_pretrain_documents=50)),
-         InContext(InContextConfig(n_pretrain_documents=50))]
+         InContext(InContextConfig(n_pretrain_documents=50)),
+         Arithmetic(ArithmeticConfig(max_digits=3, n_pretrain_documents=50, scratchpad=True))]
 
 
 # -- shared behaviour --------------------------------------------------------------------------
@@ -286,3 +287,43 @@ def _world_digest(task, documents: bool) -> str:
         "path_star-smoke"])
 def test_recipe_worlds_are_unchanged(task, documents, expected):
     assert _world_digest(task, documents) == expected
+
+
+# -- arithmetic with a scratchpad (chain of thought) ------------------------------------------------
+def test_the_scratchpad_writes_001s_17_plus_25_column_by_column():
+    task = Arithmetic(ArithmeticConfig(max_digits=2, scratchpad=True))
+    assert task.gold("1 7 + 2 5 =") == "7 5 0 1 2 ; 1 2 1 0 4 ; : 4 2"  # 7+5+0 = 12, 1+2+1 = 04: 42
+    assert task.gold("9 9 + 5 =") == "9 5 0 1 4 ; 9 0 1 1 0 ; : 1 0 4"  # the last carry becomes a digit
+    assert task.final_answer("7 5 0 1 2 ; 1 2 1 0 4 ; : 4 2") == ["4", "2"]
+    assert task.final_answer("7 5 0 1 2 ;") == []  # no answer written yet
+
+
+def test_every_scratchpad_column_is_a_true_column_sum_and_ends_in_the_sum():
+    task = Arithmetic(ArithmeticConfig(max_digits=3, scratchpad=True))
+    for e in task.examples("train", 100, seed=0):
+        steps, answer = e.completion.split(" : ")
+        carry = 0
+        for col in steps.split(" ;")[:-1]:
+            x, y, c, k, s = map(int, col.split())
+            assert c == carry and x + y + c == 10 * k + s
+            carry = k
+        a, b = (int(t.replace(" ", "")) for t in e.prompt.removesuffix(" =").split(" + "))
+        assert answer.replace(" ", "") == str(a + b)
+
+
+def test_without_a_scratchpad_the_vocabulary_and_the_examples_are_unchanged():
+    plain = Arithmetic(ArithmeticConfig())
+    assert plain.symbols() == tuple("0123456789") + ("+", "=", ".")  # the trained models' vocabulary
+    assert plain.gold("1 7 + 2 5 =") == "4 2" and plain.final_answer("4 2 <eos>") == ["4", "2"]
+    pad = Arithmetic(ArithmeticConfig(scratchpad=True))
+    assert [e.prompt for e in pad.examples("heldout", 5, seed=0)] == [e.prompt for e in plain.examples("heldout", 5, seed=0)]
+    with pytest.raises(TypeError):
+        ArithmeticConfig(scratchpad=1)
+
+
+def test_scratchpad_claims_check_the_working_as_well_as_the_answer():
+    task = Arithmetic(ArithmeticConfig(max_digits=2, scratchpad=True))
+    claims = task.claims("1 7 + 2 5 =", "7 5 0 1 3 ; 1 2 1 0 4 ; : 4 3")
+    wrong = [c.text for c in claims if c.status == CONTRADICTED]
+    assert wrong == ["3", "3"] and claims[4].status == CONTRADICTED and claims[-1].status == CONTRADICTED
+    assert all(c.status == SUPPORTED for c in task.claims("1 7 + 2 5 =", task.gold("1 7 + 2 5 =")))
