@@ -1,8 +1,8 @@
 """Progress bars for long loops: live in JupyterLab and terminals, silent in batch runs.
 
-Under ``torchrun`` only rank 0 shows a bar. Batch runs (the test harness, ``scripts/reproduce.py``) set ``HALLUC_BATCH=1``: a
+Batch runs (the test harness, ``scripts/reproduce.py``) set ``HALLUC_BATCH=1``: a
 progress bar there would only leave widget state or carriage-return noise in the
-committed notebooks, so it is switched off. Everywhere else this is ``tqdm.auto``,
+committed notebooks, so it is switched off; under ``torchrun`` only rank 0 shows one. Everywhere else this is ``tqdm.auto``,
 imported only then: importing it without ipywidgets prints a warning into the output.
 """
 
