@@ -11,6 +11,8 @@ the subspace spanned by the earlier task gradients" S^(k), so a step −η g^(k+
 first order by −η ⟨∇L^(i), g^(k+1)⟩. This module gives each piece as a function of a model, so the chapter can
 measure them on the lab's models:
 
+- :func:`grow_vocabulary` gives a model new token rows for the names a grown world adds
+  (:mod:`halluc_lab.tasks.kb_growth`), every old weight kept;
 - :func:`train_only` freezes every parameter but the chosen ones (``train.train``'s optimizer takes only those
   that require a gradient); :func:`block_parameters` names a block's;
 - :class:`Anchored` is a loss with λΩ added, Ω(ϑ, θ^(k)) = ½ ‖ϑ − θ^(k)‖² over the trainable parameters (the
@@ -22,13 +24,37 @@ measure them on the lab's models:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
 
+from halluc_lab.model import Transformer
+
 Tensor = torch.Tensor
+
+
+@torch.no_grad()
+def grow_vocabulary(model: nn.Module, vocab_size: int, *, seed: int) -> nn.Module:
+    """A copy of the lab's ``model`` with ``vocab_size`` tokens: the old rows of the embedding (and of an untied
+    head) kept, the new rows drawn Normal(0, init_std) with ``seed``. On every old token the copy computes the
+    old logits, with the new tokens' logits beside them."""
+    old = model.config.vocab_size
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < old:
+        raise ValueError(f"vocab_size must be an int >= the model's {old}, got {vocab_size!r}")
+    device = next(model.parameters()).device
+    grown = Transformer(dataclasses.replace(model.config, vocab_size=vocab_size)).to(device)
+    state = model.state_dict()
+    g = torch.Generator().manual_seed(seed)
+    for name, p in grown.state_dict().items():
+        if p.shape == state[name].shape:
+            p.copy_(state[name])
+        else:  # (vocab, hidden): the embedding, or an untied head
+            new = torch.randn(vocab_size - old, p.shape[1], generator=g) * model.config.init_std
+            p.copy_(torch.cat([state[name], new.to(p.device, p.dtype)]))
+    return grown
 
 
 def train_only(model: nn.Module, names: Sequence[str]) -> list[str]:

@@ -6,6 +6,8 @@ One module per task, sharing :mod:`halluc_lab.tasks.base`:
   (rare facts, abstention, hallucinated steps);
 * :mod:`~halluc_lab.tasks.arithmetic` — multi-digit addition, digit by digit;
 * :mod:`~halluc_lab.tasks.path_star` — path-star graphs (Bachmann & Nagarajan, 2024);
+* :mod:`~halluc_lab.tasks.kb_growth` — a kb_walk world that grows new entities, relations and facts (chapter
+  12's continual learning);
 * :mod:`~halluc_lab.tasks.in_context` — a fresh rule in every prompt, given only by its examples (chapter 12's
   in-context learning).
 
@@ -22,10 +24,11 @@ from halluc_lab.tasks.arithmetic import Arithmetic, ArithmeticConfig
 from halluc_lab.tasks.in_context import InContext, InContextConfig
 from halluc_lab.tasks.base import (ABSTAINED, CONTRADICTED, HALLUCINATED, MALFORMED, SPLITS, SUPPORTED,
                                    UNSUPPORTED, Claim, Example, Task, completion_symbols)
+from halluc_lab.tasks.kb_growth import KBGrowth, KBGrowthConfig
 from halluc_lab.tasks.kb_walk import KBWalk, KBWalkConfig
 from halluc_lab.tasks.path_star import PathStar, PathStarConfig
 
-TaskConfig = KBWalkConfig | ArithmeticConfig | PathStarConfig | InContextConfig
+TaskConfig = KBWalkConfig | ArithmeticConfig | PathStarConfig | InContextConfig | KBGrowthConfig
 
 
 def make_task(config: TaskConfig) -> Task:
@@ -38,10 +41,12 @@ def make_task(config: TaskConfig) -> Task:
         return PathStar(config)
     if isinstance(config, InContextConfig):
         return InContext(config)
-    raise TypeError(f"config must be a KBWalkConfig, ArithmeticConfig, PathStarConfig or InContextConfig, "
-                    f"got {type(config).__name__}")
+    if isinstance(config, KBGrowthConfig):
+        return KBGrowth(config)
+    raise TypeError(f"config must be a KBWalkConfig, ArithmeticConfig, PathStarConfig, InContextConfig or "
+                    f"KBGrowthConfig, got {type(config).__name__}")
 
 
-__all__ = ["Arithmetic", "ArithmeticConfig", "InContext", "InContextConfig", "KBWalk", "KBWalkConfig", "PathStar", "PathStarConfig",
+__all__ = ["Arithmetic", "ArithmeticConfig", "InContext", "InContextConfig", "KBGrowth", "KBGrowthConfig", "KBWalk", "KBWalkConfig", "PathStar", "PathStarConfig",
            "Task", "TaskConfig", "Example", "Claim", "make_task", "completion_symbols", "SPLITS",
            "SUPPORTED", "CONTRADICTED", "UNSUPPORTED", "ABSTAINED", "MALFORMED", "HALLUCINATED"]

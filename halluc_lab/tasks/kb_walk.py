@@ -26,7 +26,7 @@ Departure: facts are functional (one answer per pair); real knowledge bases are 
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from halluc_lab.tasks.base import (ABSTAINED, CONTRADICTED, MALFORMED, SUPPORTED, UNSUPPORTED, Claim,
@@ -183,8 +183,10 @@ class KBWalk(Task):
         return pairs
 
     # -- examples --------------------------------------------------------------------
-    def examples(self, split: str, n: int, seed: int, hops: int | None = None) -> list[Example]:
-        """``n`` chains of the split; ``hops`` fixes the chain length (default: 1..max_hops)."""
+    def examples(self, split: str, n: int, seed: int, hops: int | None = None,
+                 where: Callable[[str, list[str]], bool] | None = None) -> list[Example]:
+        """``n`` chains of the split; ``hops`` fixes the chain length (default: 1..max_hops); ``where(start,
+        relations)``, if given, must accept a chain (a grown world's new or old chains)."""
         check_split(split)
         check_count("n", n)
         if hops is not None and not (isinstance(hops, int) and 1 <= hops):
@@ -198,6 +200,8 @@ class KBWalk(Task):
                 rels = [rng.choice(self.relations) for _ in range(k)]
                 key = " ".join([start, *rels])
                 if split_of(key, self.config.heldout_fraction, salt=self.config.world_seed) != split:
+                    continue
+                if where is not None and not where(start, rels):
                     continue
                 if split == "heldout" or self._knowable(start, rels):
                     break
@@ -224,8 +228,12 @@ class KBWalk(Task):
 
     def pretraining_documents(self, seed: int) -> list[str]:
         """Every fact ``counts[fact]`` times as ``e r e' .``, shuffled into documents."""
-        rng = rng_for(seed, "kb_walk-pretrain")
-        sentences = [f"{e} {r} {self.facts[(e, r)]} ." for (e, r), c in self.counts.items() for _ in range(c)]
+        return self._documents(self.counts, seed, "kb_walk-pretrain")
+
+    def _documents(self, counts: dict[tuple[str, str], int], seed: int, tag: str) -> list[str]:
+        """Each fact of ``counts`` as often as it says, shuffled (seeded by ``seed`` and ``tag``) into documents."""
+        rng = rng_for(seed, tag)
+        sentences = [f"{e} {r} {self.facts[(e, r)]} ." for (e, r), c in counts.items() for _ in range(c)]
         rng.shuffle(sentences)
         k = self.config.facts_per_document
         return [" ".join(sentences[i:i + k]) for i in range(0, len(sentences), k)]

@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from halluc_lab.continual import (Anchored, block_parameters, first_order_change, flat_gradient, span_share,
-                                  train_only)
+from halluc_lab.continual import (Anchored, block_parameters, first_order_change, flat_gradient, grow_vocabulary,
+                                  span_share, train_only)
 from halluc_lab.data import Batch, batches
 from halluc_lab.model import ModelConfig, Transformer
 from halluc_lab.step import NextTokenLoss
@@ -110,3 +110,19 @@ def test_first_order_change_predicts_a_small_steps_change_of_the_old_loss():
     actual = mean(old) - before
     predicted = first_order_change(g_old, g_new, lr)
     assert predicted != 0 and actual == pytest.approx(predicted, rel=0.05)
+
+
+def test_a_grown_vocabulary_keeps_every_old_logit_and_adds_seeded_rows():
+    m = model()
+    grown = grow_vocabulary(m, CONFIG.vocab_size + 5, seed=3)
+    x = rows(5).input_ids[:2]
+    with torch.no_grad():
+        old, new = m(x), grown(x)
+    assert new.shape[-1] == CONFIG.vocab_size + 5
+    torch.testing.assert_close(new[..., :CONFIG.vocab_size], old)  # the old tokens' logits are unchanged
+    again = grow_vocabulary(m, CONFIG.vocab_size + 5, seed=3)
+    assert torch.equal(again.embed_tokens.weight, grown.embed_tokens.weight)
+    assert not torch.equal(grow_vocabulary(m, CONFIG.vocab_size + 5, seed=4).embed_tokens.weight,
+                           grown.embed_tokens.weight)
+    with pytest.raises(ValueError):
+        grow_vocabulary(m, CONFIG.vocab_size - 1, seed=0)

@@ -8,14 +8,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from halluc_lab.tasks import (ABSTAINED, CONTRADICTED, MALFORMED, SUPPORTED, UNSUPPORTED, Arithmetic,
-                              ArithmeticConfig, InContext, InContextConfig, KBWalk, KBWalkConfig, PathStar,
+                              ArithmeticConfig, InContext, InContextConfig, KBGrowth, KBGrowthConfig, KBWalk,
+                              KBWalkConfig, PathStar,
                               PathStarConfig, completion_symbols, make_task)
 
 TASKS = [KBWalk(KBWalkConfig(n_entities=20, n_relations=3, common_count=5)),
          Arithmetic(ArithmeticConfig(max_digits=3, n_pretrain_documents=50)),
          PathStar(PathStarConfig(degree=3, path_length=4, n_nodes=16, n_pretrain_documents=50)),
          InContext(InContextConfig(n_pretrain_documents=50)),
-         Arithmetic(ArithmeticConfig(max_digits=3, n_pretrain_documents=50, scratchpad=True))]
+         Arithmetic(ArithmeticConfig(max_digits=3, n_pretrain_documents=50, scratchpad=True)),
+         KBGrowth(KBGrowthConfig(KBWalkConfig(n_entities=20, n_relations=3, common_count=5), new_entities=4))]
 
 
 # -- shared behaviour --------------------------------------------------------------------------
