@@ -8,6 +8,8 @@ One module per task, sharing :mod:`halluc_lab.tasks.base`:
 * :mod:`~halluc_lab.tasks.path_star` — path-star graphs (Bachmann & Nagarajan, 2024);
 * :mod:`~halluc_lab.tasks.kb_growth` — a kb_walk world that grows new entities, relations and facts (chapter
   12's continual learning);
+* :mod:`~halluc_lab.tasks.sycophancy` — arithmetic prompts that carry the user's stated answer, right or wrong
+  (chapter 12's sycophancy);
 * :mod:`~halluc_lab.tasks.in_context` — a fresh rule in every prompt, given only by its examples (chapter 12's
   in-context learning).
 
@@ -26,9 +28,10 @@ from halluc_lab.tasks.base import (ABSTAINED, CONTRADICTED, HALLUCINATED, MALFOR
                                    UNSUPPORTED, Claim, Example, Task, completion_symbols)
 from halluc_lab.tasks.kb_growth import KBGrowth, KBGrowthConfig
 from halluc_lab.tasks.kb_walk import KBWalk, KBWalkConfig
+from halluc_lab.tasks.sycophancy import Sycophancy, SycophancyConfig
 from halluc_lab.tasks.path_star import PathStar, PathStarConfig
 
-TaskConfig = KBWalkConfig | ArithmeticConfig | PathStarConfig | InContextConfig | KBGrowthConfig
+TaskConfig = KBWalkConfig | ArithmeticConfig | PathStarConfig | InContextConfig | KBGrowthConfig | SycophancyConfig
 
 
 def make_task(config: TaskConfig) -> Task:
@@ -43,10 +46,12 @@ def make_task(config: TaskConfig) -> Task:
         return InContext(config)
     if isinstance(config, KBGrowthConfig):
         return KBGrowth(config)
-    raise TypeError(f"config must be a KBWalkConfig, ArithmeticConfig, PathStarConfig, InContextConfig or "
-                    f"KBGrowthConfig, got {type(config).__name__}")
+    if isinstance(config, SycophancyConfig):
+        return Sycophancy(config)
+    raise TypeError(f"config must be a KBWalkConfig, ArithmeticConfig, PathStarConfig, InContextConfig, "
+                    f"KBGrowthConfig or SycophancyConfig, got {type(config).__name__}")
 
 
-__all__ = ["Arithmetic", "ArithmeticConfig", "InContext", "InContextConfig", "KBGrowth", "KBGrowthConfig", "KBWalk", "KBWalkConfig", "PathStar", "PathStarConfig",
+__all__ = ["Arithmetic", "ArithmeticConfig", "InContext", "InContextConfig", "KBGrowth", "KBGrowthConfig", "Sycophancy", "SycophancyConfig", "KBWalk", "KBWalkConfig", "PathStar", "PathStarConfig",
            "Task", "TaskConfig", "Example", "Claim", "make_task", "completion_symbols", "SPLITS",
            "SUPPORTED", "CONTRADICTED", "UNSUPPORTED", "ABSTAINED", "MALFORMED", "HALLUCINATED"]

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from halluc_lab.tasks import (ABSTAINED, CONTRADICTED, MALFORMED, SUPPORTED, UNSUPPORTED, Arithmetic,
                               ArithmeticConfig, InContext, InContextConfig, KBGrowth, KBGrowthConfig, KBWalk,
-                              KBWalkConfig, PathStar,
+                              KBWalkConfig, PathStar, Sycophancy, SycophancyConfig,
                               PathStarConfig, completion_symbols, make_task)
 
 TASKS = [KBWalk(KBWalkConfig(n_entities=20, n_relations=3, common_count=5)),
@@ -17,7 +17,8 @@ TASKS = [KBWalk(KBWalkConfig(n_entities=20, n_relations=3, common_count=5)),
          PathStar(PathStarConfig(degree=3, path_length=4, n_nodes=16, n_pretrain_documents=50)),
          InContext(InContextConfig(n_pretrain_documents=50)),
          Arithmetic(ArithmeticConfig(max_digits=3, n_pretrain_documents=50, scratchpad=True)),
-         KBGrowth(KBGrowthConfig(KBWalkConfig(n_entities=20, n_relations=3, common_count=5), new_entities=4))]
+         KBGrowth(KBGrowthConfig(KBWalkConfig(n_entities=20, n_relations=3, common_count=5), new_entities=4)),
+         Sycophancy(SycophancyConfig(ArithmeticConfig(max_digits=3, n_pretrain_documents=50)))]
 
 
 # -- shared behaviour --------------------------------------------------------------------------
