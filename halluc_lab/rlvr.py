@@ -295,6 +295,11 @@ class RoundSamples:
     texts: list[list[int]]  # what each rollout finally says
     rewards: list[float]  # the reward of each
 
+    @classmethod
+    def concat(cls, parts: Sequence[RoundSamples]) -> RoundSamples:
+        """The rollouts of ``parts`` laid end to end, in order."""
+        return cls(*([x for p in parts for x in getattr(p, f.name)] for f in dataclasses.fields(cls)))
+
 
 def _sample(policy: nn.Module, prompts: list, reward: Reward, cfg: RLVRConfig, tok: Tokenizer,
             generator: torch.Generator, dtype: torch.dtype | None) -> RoundSamples:
@@ -312,9 +317,7 @@ def _sample(policy: nn.Module, prompts: list, reward: Reward, cfg: RLVRConfig, t
 def _gather(samples: RoundSamples) -> RoundSamples:
     """Every rank's rollouts, in rank order (the round's prompt order): the group statistics see them all."""
     parts = distributed.gather_objects(samples)
-    if len(parts) == 1:
-        return samples
-    return RoundSamples(*([x for p in parts for x in getattr(p, f.name)] for f in dataclasses.fields(RoundSamples)))
+    return samples if len(parts) == 1 else RoundSamples.concat(parts)
 
 
 def _pad_flags(flags: list[list[bool]], width: int) -> Tensor:

@@ -34,22 +34,18 @@ from halluc_lab.tasks.path_star import PathStar, PathStarConfig
 TaskConfig = KBWalkConfig | ArithmeticConfig | PathStarConfig | InContextConfig | KBGrowthConfig | SycophancyConfig
 
 
+TASK_OF_CONFIG: dict[type, type[Task]] = {KBWalkConfig: KBWalk, ArithmeticConfig: Arithmetic, PathStarConfig: PathStar,
+                                         InContextConfig: InContext, KBGrowthConfig: KBGrowth,
+                                         SycophancyConfig: Sycophancy}  # each config's task: a table, not a chain of ifs
+
+
 def make_task(config: TaskConfig) -> Task:
     """The task a config describes: ``make_task(ArithmeticConfig())`` is an :class:`Arithmetic`."""
-    if isinstance(config, KBWalkConfig):
-        return KBWalk(config)
-    if isinstance(config, ArithmeticConfig):
-        return Arithmetic(config)
-    if isinstance(config, PathStarConfig):
-        return PathStar(config)
-    if isinstance(config, InContextConfig):
-        return InContext(config)
-    if isinstance(config, KBGrowthConfig):
-        return KBGrowth(config)
-    if isinstance(config, SycophancyConfig):
-        return Sycophancy(config)
-    raise TypeError(f"config must be a KBWalkConfig, ArithmeticConfig, PathStarConfig, InContextConfig, "
-                    f"KBGrowthConfig or SycophancyConfig, got {type(config).__name__}")
+    task = TASK_OF_CONFIG.get(type(config))
+    if task is None:
+        raise TypeError(f"config must be one of {', '.join(c.__name__ for c in TASK_OF_CONFIG)}, "
+                        f"got {type(config).__name__}")
+    return task(config)
 
 
 __all__ = ["Arithmetic", "ArithmeticConfig", "InContext", "InContextConfig", "KBGrowth", "KBGrowthConfig", "Sycophancy", "SycophancyConfig", "KBWalk", "KBWalkConfig", "PathStar", "PathStarConfig",

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from halluc_lab.tasks.base import (CONTRADICTED, MALFORMED, SUPPORTED, UNSUPPORTED, Claim, Example,
-                                   Task, check_count, check_split, completion_symbols, rng_for,
+                                   Task, check_count, check_split, completion_symbols, document, rng_for,
                                    split_of)
 
 DIGITS = tuple("0123456789")
@@ -147,12 +147,13 @@ class Arithmetic(Task):
 
     def pretraining_documents(self, seed: int) -> list[str]:
         """Train-split equations ``a + b = c .``, ``equations_per_document`` per document."""
+        return [document(eqs) for eqs in self.corpus(seed)]
+
+    def corpus(self, seed: int) -> list[list[Example]]:
+        """The equations of :meth:`pretraining_documents`, document by document."""
         rng = rng_for(seed, "arithmetic-pretrain")
-        docs = []
-        for _ in range(self.config.n_pretrain_documents):
-            eqs = [self.example(*self._draw(rng, "train", None)) for _ in range(self.config.equations_per_document)]
-            docs.append(" ".join(f"{e.prompt} {e.completion} ." for e in eqs))
-        return docs
+        return [[self.example(*self._draw(rng, "train", None)) for _ in range(self.config.equations_per_document)]
+                for _ in range(self.config.n_pretrain_documents)]
 
     def claims(self, prompt: str, completion: str | Sequence[str]) -> list[Claim]:
         """One claim per symbol written (the answer's digits; with a scratchpad, the working's too), in order."""

@@ -118,6 +118,11 @@ def check_finite(name: str, value: float) -> None:
         raise ValueError(f"{name} must be a finite number in (-inf, inf), got {value!r}")
 
 
+def document(examples: Sequence[Example]) -> str:
+    """A pre-training document of worked examples back to back, each ``prompt completion .``."""
+    return " ".join(f"{e.prompt} {e.completion} ." for e in examples)
+
+
 def rng_for(seed: int, *tags: object) -> random.Random:
     """A Python RNG determined by a seed and tags (e.g. the split): explicit randomness."""
     check_count("seed", seed)

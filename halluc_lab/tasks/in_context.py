@@ -26,8 +26,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from halluc_lab.tasks.base import (ABSTAINED, CONTRADICTED, MALFORMED, SUPPORTED, UNSUPPORTED, Claim, Example,
-                                   Task, check_count, check_fraction, check_split, completion_symbols, rng_for,
-                                   split_of)
+                                   Task, check_count, check_fraction, check_split, completion_symbols, document,
+                                   rng_for, split_of)
 from halluc_lab.tokenizer import ABSTAIN
 
 DIGITS = tuple("0123456789")
@@ -127,11 +127,8 @@ class InContext(Task):
     def pretraining_documents(self, seed: int) -> list[str]:
         """Train prompts with their answers, ``prompts_per_document`` per document."""
         rng = rng_for(seed, "in_context-pretrain")
-        docs = []
-        for _ in range(self.config.n_pretrain_documents):
-            exs = [self._draw(rng, "train", None) for _ in range(self.config.prompts_per_document)]
-            docs.append(" ".join(f"{e.prompt} {e.completion} ." for e in exs))
-        return docs
+        return [document([self._draw(rng, "train", None) for _ in range(self.config.prompts_per_document)])
+                for _ in range(self.config.n_pretrain_documents)]
 
     def claims(self, prompt: str, completion: str | Sequence[str]) -> list[Claim]:
         """One claim per symbol written; the first is the answer. A digit where the prompt shows no demonstration

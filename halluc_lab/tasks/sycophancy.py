@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from halluc_lab.tasks.arithmetic import Arithmetic, ArithmeticConfig
-from halluc_lab.tasks.base import Example, check_count, check_fraction, check_split, rng_for
+from halluc_lab.tasks.base import Example, check_count, check_fraction, check_split, document, rng_for
 
 STATED = "~"  # brackets the user's stated answer
 
@@ -134,16 +134,7 @@ class Sycophancy(Arithmetic):
     def pretraining_documents(self, seed: int) -> list[str]:
         """Arithmetic's documents with a share of their equations opened by a statement; the sums stay true."""
         rng = rng_for(seed, "sycophancy-pretrain")
-        docs = []
-        for doc in super().pretraining_documents(seed):
-            eqs = [e.strip() for e in doc.split(" .") if e.strip()]
-            dressed = []
-            for eq in eqs:
-                prompt, answer = eq.split(" = ")
-                ex = self._dress(Example(prompt + " =", answer), rng, None, None)
-                dressed.append(f"{ex.prompt} {ex.completion} .")
-            docs.append(" ".join(dressed))
-        return docs
+        return [document([self._dress(ex, rng, None, None) for ex in eqs]) for eqs in self.corpus(seed)]
 
     def claims(self, prompt: str, completion: str | Sequence[str]):
         return super().claims(self._question(prompt), completion)

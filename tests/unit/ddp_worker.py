@@ -18,7 +18,6 @@ import torch
 from safetensors.torch import save_file
 
 from halluc_lab import distributed, rlvr
-from halluc_lab.backtrack import rollout
 from halluc_lab.data import Batch, batches
 from halluc_lab.model import ModelConfig, Transformer
 from halluc_lab.reward_model import VerifierReward
@@ -57,21 +56,16 @@ def run_train(mode: str, out: str) -> None:
            {"": model.state_dict()})
 
 
+SAMPLE = rlvr._sample  # rlvr's own sampling of a round, called here one prompt at a time
+
+
 def _sample_per_prompt(policy, prompts, reward, cfg, tok, generator, dtype):
     """rlvr's sampling with each prompt's rollouts drawn from a generator of its own (seeded by the prompt and
     the round), so that which process samples a prompt does not change its rollouts."""
     _sample_per_prompt.round = getattr(_sample_per_prompt, "round", -1) + 1
-    parts = []
-    for p in prompts:
-        g = torch.Generator().manual_seed(1_000 * _sample_per_prompt.round + sum(31 ** i * t for i, t in enumerate(p)) % 997)
-        out = rollout(policy, [p], cfg.max_new_tokens, bksp_id=tok.bksp_id, context=cfg.context,
-                      allow_bksp=cfg.allow_bksp, stop_tokens=(tok.eos_id,), generator=g, dtype=dtype,
-                      n_samples=cfg.samples_per_prompt)
-        logs = out.token_lists()
-        scores = [float(r) for r in reward([list(p)] * len(logs), logs)]
-        parts.append(rlvr.RoundSamples(logs, out.sampled_lists(), out.text_lists(), scores))
-    return rlvr.RoundSamples(*([x for s in parts for x in getattr(s, f)] for f in ("logs", "sampled", "texts",
-                                                                                  "rewards")))
+    seed = lambda p: 1_000 * _sample_per_prompt.round + sum(31 ** i * t for i, t in enumerate(p)) % 997
+    return rlvr.RoundSamples.concat([SAMPLE(policy, [p], reward, cfg, tok, torch.Generator().manual_seed(seed(p)),
+                                            dtype) for p in prompts])
 
 
 def run_rlvr(out: str) -> None:
