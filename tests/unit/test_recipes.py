@@ -17,8 +17,8 @@ from halluc_lab import train as halluc_train
 from halluc_lab.data import IGNORE
 from halluc_lab.model import ModelConfig
 from halluc_lab.retrieval import fact_passages
-from halluc_lab.sft import RetrievedContext
-from halluc_lab.sft import BackspaceConfig
+from halluc_lab.reward_model import AgreeableAnnotator
+from halluc_lab.sft import BackspaceConfig, RetrievedContext
 from halluc_lab.tasks import ArithmeticConfig, make_task
 from halluc_lab.train import NextTokenLoss, TrainConfig, file_sha256
 
@@ -72,7 +72,8 @@ def test_every_name_exists_at_smoke_scale_and_sft_starts_from_its_pretraining():
             # from clean SFT (<bksp> masked) or from backspace SFT (<bksp> allowed)
             task, stage = name.split("-", 1)
             parent = (f"{task}-sft-clean" if name in ("path_star-sft-backspace", "path_star-sft-continued")
-                      or stage in ("dpo", "rsft", "rsft-soft", "ppo", "rlhf", "rlvr", "sft-own-errors", "sft-corrections")
+                      or stage in ("dpo", "rsft", "rsft-soft", "ppo", "rlhf", "rlhf-agreeable", "rlvr", "sft-own-errors",
+                                   "sft-corrections")
                       else f"{task}-sft-backspace" if stage == "rlvr-bksp"
                       else f"{task}-sft-own-errors" if stage == "rlvr-own"
                       else f"{task}-sft-corrections" if stage == "rlvr-corrections" else f"{task}-pretrain")
@@ -119,9 +120,11 @@ PINNED_STEPS = {
     "full": {"kb_walk": (495, 400, 400, 400), "arithmetic": (375, 400, 400, 400), "path_star": (500, 2000, 500, 2000)},
 }
 PINNED_DIGEST = {"smoke": "bf6b23c152736311", "full": "701beedb408585c2"}
+PINNED_TASKS = ("kb_walk", "arithmetic", "path_star")  # the tasks of that time; chapter 12's are pinned below
 # Packing a full-scale corpus takes about twenty seconds: its rows of 128 tokens, counted before the
 # change, stand in for it (one pass is still rows // batch_size).
-FULL_CORPUS_ROWS = {"kb_walk-pretrain": 63_395, "arithmetic-pretrain": 48_084, "path_star-pretrain": 64_000}
+FULL_CORPUS_ROWS = {"kb_walk-pretrain": 63_395, "arithmetic-pretrain": 48_084, "path_star-pretrain": 64_000,
+                    "in_context-pretrain": 64_462, "arithmetic_cot-pretrain": 90_751, "sycophancy-pretrain": 62_148}
 
 
 @pytest.mark.parametrize("scale", recipes.SCALES)
@@ -129,10 +132,10 @@ def test_the_registry_keeps_every_hyper_parameter_at_both_scales(scale, fresh_re
     if scale == "full":
         monkeypatch.setattr(recipes, "_one_pass", lambda r: FULL_CORPUS_ROWS[r.name] // r.batch_size)
     # The recipes that existed when the digest was pinned; later additions are pinned by their own tests.
-    pinned = [f"{t}-{s}" for t in recipes.TASKS for s in ("pretrain", "sft-clean", "sft-backspace", "sft-scheduled")]
+    pinned = [f"{t}-{s}" for t in PINNED_TASKS for s in ("pretrain", "sft-clean", "sft-backspace", "sft-scheduled")]
     got = {name: recipes.get(name, scale) for name in pinned}
     assert {t: tuple(got[f"{t}-{s}"].train.steps for s in ("pretrain", "sft-clean", "sft-backspace", "sft-scheduled"))
-            for t in recipes.TASKS} == PINNED_STEPS[scale]
+            for t in PINNED_TASKS} == PINNED_STEPS[scale]
     blob = json.dumps({name: hyper_parameters(r) for name, r in got.items()}, sort_keys=True)
     assert hashlib.sha256(blob.encode()).hexdigest()[:16] == PINNED_DIGEST[scale]
     for r in (recipes.get(name, scale) for name in recipes.NAMES):  # a killed run loses at most a quarter, and ≤ 200
@@ -233,11 +236,12 @@ def test_configs_of_different_types_with_equal_fields_have_different_keys():
 
 def test_code_modules_are_what_the_recipe_imports_and_nothing_else():
     used = recipes.code_modules(recipes.get("kb_walk-sft-clean", "smoke"))
-    for m in ("losses", "data", "model", "attention", "positional", "tokenizer", "sft", "train", "recipes",
+    for m in ("losses", "data", "model", "attention", "positional", "tokenizer", "sft", "train", "stages",
               "recipe_cache", "hf_convert", "tasks.kb_walk", "tasks.base"):
         assert f"halluc_lab.{m}" in used
-    # The registry declares chapter 9's stages too, so every recipe's key covers the code they import (the
-    # engine and the evaluation they sample and score with): conservative, never stale.
+    # The module of the stage classes declares chapter 9's stages too, so every recipe's key covers the code they
+    # import (the engine and the evaluation they sample and score with): conservative, never stale. The registry's
+    # tables enter the key as the recipe's config, not as code.
     assert "halluc_lab.preference" in used
     for m in ("interactive", "claims", "notebook", "ngram", "rnn", "stats"):
         assert f"halluc_lab.{m}" not in used
@@ -595,3 +599,27 @@ def test_retrieved_context_combines_with_backspace_passages_never_targets_and_ne
         recipes.SFT(n_examples=10, retrieved=0.5)
     with pytest.raises(TypeError, match="kb_walk"):  # arithmetic has no facts to show
         recipes.training_rows(tiny_sft(retrieved=RetrievedContext()))
+
+
+@pytest.mark.parametrize("scale", ["smoke"])  # full-scale corpora take minutes to pack; the tables are the same code
+def test_chapter_12s_recipes_share_arithmetics_model_sums_and_steps(scale):
+    direct, cot = recipes.get("arithmetic-sft-clean", scale), recipes.get("arithmetic_cot-sft-clean", scale)
+    # chain of thought: the same sums, examples, steps and rate, written out with a scratchpad
+    assert cot.task == dataclasses.replace(direct.task, scratchpad=True,
+                                           equations_per_document=cot.task.equations_per_document)
+    assert (cot.stage, cot.train, cot.seed) == (direct.stage, direct.train, direct.seed)
+    assert dataclasses.replace(cot.model, vocab_size=1) == dataclasses.replace(direct.model, vocab_size=1)
+    # sycophancy: arithmetic's world with statements; its RLHF arms differ only in the annotators
+    syc = recipes.get("sycophancy-sft-clean", scale)
+    assert syc.task.base == direct.task and (syc.task.p_stated, syc.task.p_wrong) == (0.5, 0.5)
+    plain, agreeable = recipes.get("sycophancy-rlhf", scale), recipes.get("sycophancy-rlhf-agreeable", scale)
+    assert plain.parent == agreeable.parent == syc and plain.train == agreeable.train
+    assert plain.stage.reward_model.annotator is None
+    assert agreeable.stage == dataclasses.replace(plain.stage, reward_model=dataclasses.replace(
+        plain.stage.reward_model, annotator=AgreeableAnnotator(bonus=2.5)))
+    assert recipes.key(plain) != recipes.key(agreeable)
+    assert recipes.get("sycophancy-rlvr", scale).parent == syc
+    icl = recipes.get("in_context-sft-clean", scale)
+    assert icl.train.steps == {"smoke": 300, "full": 2000}[scale] and icl.parent.name == "in_context-pretrain"
+    for name in ("in_context-rlvr", "arithmetic_cot-dpo", "arithmetic-rlhf-agreeable", "kb_walk-rlhf-agreeable"):
+        assert name not in recipes.NAMES  # only the stages the chapter compares
