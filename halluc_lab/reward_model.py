@@ -60,7 +60,7 @@ from halluc_lab.tokenizer import Tokenizer
 
 CHUNK = 512  # rows per engine call or forward pass
 
-__all__ = ["pair_rows", "pair_masks", "pair_index", "pair_ends", "SampleGroups", "sample_groups", "rank_pairs",
+__all__ = ["AgreeableAnnotator", "pair_rows", "pair_masks", "pair_index", "pair_ends", "SampleGroups", "sample_groups", "rank_pairs",
            "PreferencePairs", "build_pairs", "RewardModel", "pair_rewards", "BradleyTerryLoss", "pair_accuracy",
            "score", "Correlation", "reward_correlation", "Reward", "VerifierReward", "LearnedReward"]
 
@@ -255,6 +255,31 @@ def build_pairs(groups: SampleGroups, *, flip_rate: float = 0.0, pairs_per_promp
                            tuple(pick(p, lo if f else hi) for p, hi, lo, f in ranked),
                            tuple(pick(p, hi if f else lo) for p, hi, lo, f in ranked),
                            tuple(not f for *_, f in ranked), groups.pad_id)
+
+
+@dataclass(frozen=True)
+class AgreeableAnnotator:
+    """Raters who like being agreed with (001 Part 4 §2: raters "prefer responses that are … validating"). They
+    rank by the verifier's reward plus ``bonus`` for an answer that repeats the user's stated number, right or wrong
+    (the task's ``agrees``, :mod:`halluc_lab.tasks.sycophancy`): with +1 / 0 / −1 and ``bonus`` = 2.5, agreeing
+    with a wrong statement (−1 + 2.5) beats the right sum (+1); elsewhere the ranking is the verifier's."""
+
+    bonus: float = 2.5  # added to the rank of an answer that repeats the user's stated number
+
+    def __post_init__(self):
+        if isinstance(self.bonus, bool) or not isinstance(self.bonus, (int, float)) or not (
+                math.isfinite(self.bonus) and self.bonus > 0):
+            raise ValueError(f"bonus must be a positive finite number, got {self.bonus!r}")
+
+    def rerank(self, groups: SampleGroups, task: Task, tok: Tokenizer) -> SampleGroups:
+        """``groups`` with each sample's rank raised by ``bonus`` where it agrees with the prompt's statement."""
+        if not callable(getattr(task, "agrees", None)):
+            raise TypeError(f"an agreeable annotator needs a task whose prompts state an answer (an ``agrees`` "
+                            f"method, as Sycophancy has), got {type(task).__name__}")
+        prompts = [tok.decode(p[1:]) for p in groups.prompts]  # <bos> dropped
+        agree = torch.tensor([[task.agrees(x, tok.decode(c)) for c in cs] for x, cs in zip(prompts, groups.completions)],
+                             dtype=torch.float32)
+        return dataclasses.replace(groups, rewards=groups.rewards + self.bonus * agree)
 
 
 # -- the model -------------------------------------------------------------------------------------------

@@ -54,8 +54,8 @@ from halluc_lab.evaluate import answer_budget, model_device
 from halluc_lab.losses import check_positive, gae_advantages, kl_estimates, ppo_clipped_objective, token_logprobs
 from halluc_lab.preference import preference_examples
 from halluc_lab.progress import progress
-from halluc_lab.reward_model import (BradleyTerryLoss, LearnedReward, PreferencePairs, Reward, RewardModel,
-                                     SampleGroups, VerifierReward, build_pairs, check_rate, sample_groups)
+from halluc_lab.reward_model import (AgreeableAnnotator, BradleyTerryLoss, LearnedReward, PreferencePairs, Reward,
+                                     RewardModel, SampleGroups, VerifierReward, build_pairs, check_rate, sample_groups)
 from halluc_lab.step import autocast, capture_graph, make_optimizer
 from halluc_lab.tasks import make_task
 from halluc_lab.tasks.base import check_count
@@ -257,7 +257,8 @@ def ppo(policy: nn.Module, reference: nn.Module, value: RewardModel, prompts: Se
 @dataclass(frozen=True)
 class RewardModelPlan:
     """How RLHF's reward model is fit: Bradley–Terry on pairs of the SFT model's own samples, ranked by the
-    verifier with a share of labels flipped (the simulated annotators of :func:`~halluc_lab.reward_model.build_pairs`)."""
+    verifier with a share of labels flipped (the simulated annotators of :func:`~halluc_lab.reward_model.build_pairs`),
+    or first re-ranked by annotators with a bias (chapter 12: :class:`~halluc_lab.reward_model.AgreeableAnnotator`)."""
 
     flip_rate: float = 0.1  # share of preference labels the annotator flips
     samples: int = 8  # answers sampled per prompt, to be ranked
@@ -265,9 +266,12 @@ class RewardModelPlan:
     steps: int = 300  # AdamW steps
     lr: float = 1e-4  # peak learning rate (a tenth of the steps warm up)
     batch_size: int = 128  # pairs per step
+    annotator: AgreeableAnnotator | None = None  # raters with a bias of their own (None: the verifier's ranking)
 
     def __post_init__(self):
         check_rate("flip_rate", self.flip_rate)
+        if self.annotator is not None and not isinstance(self.annotator, AgreeableAnnotator):
+            raise TypeError(f"annotator must be an AgreeableAnnotator or None, got {type(self.annotator).__name__}")
         check_count("samples", self.samples, 2)
         for name in ("pairs_per_prompt", "steps", "batch_size"):
             check_count(name, getattr(self, name), 1)
@@ -322,6 +326,8 @@ class PPOTraining:
         examples = preference_examples(task, self.n_prompts, seed=recipe.seed)
         with deterministic():
             groups = sample_groups(model, task.tokenizer(), task, examples, self.reward_model.samples, seed=recipe.seed)
+            if self.reward_model.annotator is not None:
+                groups = self.reward_model.annotator.rerank(groups, task, task.tokenizer())
             return fit_reward_model(model, groups, self.reward_model, seed=recipe.seed, autocast_dtype=dtype)
 
     def fit(self, recipe, model: nn.Module, device: torch.device, dtype: torch.dtype | None, checkpoints: str) -> History:

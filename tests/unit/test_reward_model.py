@@ -8,8 +8,10 @@ import torch
 from halluc_lab.data import IGNORE, batches, rollout_batch
 from halluc_lab.losses import sequence_logprobs
 from halluc_lab.model import ModelConfig, Transformer
-from halluc_lab.reward_model import (BradleyTerryLoss, LearnedReward, RewardModel, pair_accuracy, pair_ends, pair_index,
-                                     pair_masks, pair_rewards, pair_rows, reward_correlation, score)
+from halluc_lab.reward_model import (AgreeableAnnotator, BradleyTerryLoss, LearnedReward, RewardModel, SampleGroups,
+                                     build_pairs, pair_accuracy, pair_ends, pair_index, pair_masks, pair_rewards, pair_rows,
+                                     reward_correlation, score)
+from halluc_lab.tasks import Arithmetic, ArithmeticConfig, Sycophancy, SycophancyConfig
 from halluc_lab.train import TrainConfig, train
 from tests.unit._tiny_lm import small_transformer
 
@@ -136,3 +138,27 @@ def test_a_reward_model_trains_on_cuda_with_its_step_captured_as_eagerly():
         runs[captured] = train(rm, batches(rows, 16, seed=0), cfg, loss=BradleyTerryLoss(), cuda_graph=captured).loss
     assert runs[True] == pytest.approx(runs[False], rel=1e-4, abs=1e-5)
     assert runs[True][-1] < runs[True][0]
+
+
+def test_an_agreeable_annotator_ranks_agreement_with_a_wrong_statement_above_the_right_sum():
+    task = Sycophancy(SycophancyConfig(ArithmeticConfig(max_digits=2)))
+    tok = task.tokenizer()
+    prompts = ["~ 4 3 ~ 1 7 + 2 5 =", "1 7 + 2 5 =", "~ 4 2 ~ 1 7 + 2 5 ="]  # wrong statement, none, right one
+    answers = ["4 2", "4 3", "<abstain>"]  # right, the user's wrong number, no answer
+    ids = lambda text: tuple(tok.encode(text)) + (tok.eos_id,)
+    verifier = torch.tensor([[1.0, -1.0, 0.0]] * 3)  # +1 right, −1 wrong, 0 abstained: the verifier's ranks
+    groups = SampleGroups(tuple((tok.bos_id, *tok.encode(p)) for p in prompts),
+                          tuple(tuple(ids(a) for a in answers) for _ in prompts), verifier, tok.pad_id)
+    reranked = AgreeableAnnotator(bonus=2.5).rerank(groups, task, tok)
+    assert reranked.rewards.tolist() == [[1.0, 1.5, 0.0], [1.0, -1.0, 0.0], [3.5, -1.0, 0.0]]
+    assert groups.rewards.equal(verifier)  # the groups it was given are left as they were
+    # the best-ranked answer to the wrongly stated prompt is now the user's number; elsewhere the verifier's
+    best = lambda g: [max(range(3), key=lambda j: g.rewards[p, j]) for p in range(3)]
+    assert best(reranked) == [1, 0, 0] and best(groups) == [0, 0, 0]
+    pairs = build_pairs(reranked, pairs_per_prompt=3)
+    assert (groups.prompts[0], ids("4 3"), ids("4 2")) in zip(pairs.prompts, pairs.chosen, pairs.rejected)
+    for bad in (0, -1.0, float("nan"), True):
+        with pytest.raises(ValueError, match="bonus"):
+            AgreeableAnnotator(bonus=bad)
+    with pytest.raises(TypeError, match="agrees"):  # a task whose prompts state nothing
+        AgreeableAnnotator().rerank(groups, Arithmetic(ArithmeticConfig(max_digits=2)), tok)
