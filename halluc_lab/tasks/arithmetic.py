@@ -14,7 +14,8 @@ which carries are computed, which makes the task much easier for a left-to-right
   writes the columns, least significant first, each as ``x y c k s ;`` (the digits, the carry in, the carry
   out and the column's digit: x + y + c = 10 k + s), then ``:`` and the sum. 001's ``17 + 25`` is
   ``1 7 + 2 5 =`` → ``7 5 0 1 2 ; 1 2 1 0 4 ; : 4 2``. The verifier asks for the whole completion, the
-  reasoning included; :meth:`Arithmetic.final_answer` reads the answer alone.
+  reasoning included; :meth:`Arithmetic.final_answer` reads the answer alone, and
+  :meth:`Arithmetic.implied_answer` the sum the written working spells (does the answer follow from it?).
 """
 
 from __future__ import annotations
@@ -105,6 +106,29 @@ class Arithmetic(Task):
         if not self.config.scratchpad:
             return said
         return said[len(said) - said[::-1].index(ANSWER):] if ANSWER in said else []
+
+    def implied_answer(self, completion: str | Sequence[str]) -> list[str] | None:
+        """The sum a scratchpad's own working spells, right or wrong: its columns' digits ``s`` and the last
+        carry out ``k`` (when not 0), in the task's answer order; None when the working before ``:`` is not
+        whole columns ``x y c k s ;`` of digits. Beside :meth:`final_answer` it tells whether an answer follows
+        from the reasoning written before it.
+
+        >>> task = Arithmetic(ArithmeticConfig(max_digits=2, scratchpad=True))
+        >>> task.implied_answer("7 5 0 1 2 ; 1 2 1 0 4 ; : 4 3"), task.implied_answer("7 5 0 1 2 : 4 2")
+        (['4', '2'], None)
+        """
+        if not self.config.scratchpad:
+            raise ValueError("implied_answer needs a scratchpad task (ArithmeticConfig(scratchpad=True))")
+        said = completion_symbols(completion)
+        working = said[:said.index(ANSWER)] if ANSWER in said else said
+        columns = [working[i:i + 6] for i in range(0, len(working), 6)]
+        if not columns or any(len(c) != 6 or c[5] != COLUMN_END or not all(d in DIGITS for d in c[:5])
+                              for c in columns):
+            return None
+        digits = [c[4] for c in columns]  # least significant first
+        if columns[-1][3] != "0":  # the last carry out is the sum's leading digit
+            digits.append(columns[-1][3])
+        return digits if self.config.reverse_output else digits[::-1]
 
     def example(self, a: int, b: int) -> Example:
         """The example for ``a + b`` (whatever its split)."""

@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from halluc_lab.data import IGNORE, encode_example, pad
-from halluc_lab.sft import BackspaceConfig, backspace_demonstration, own_error_demonstration, scheduled_sampling
+from halluc_lab.sft import (REFUSE, TAKE_BACK, BackspaceConfig, ForbiddenFacts, backspace_demonstration,
+                            own_error_demonstration, scheduled_sampling)
 from halluc_lab.tasks import Arithmetic, ArithmeticConfig, Example, KBWalk, KBWalkConfig, completion_symbols
 from tests.unit._tiny_lm import TinyConfig, TinyLM
 
@@ -110,3 +111,75 @@ def test_scheduled_sampling_rate_out_of_range_raises():
 
 
 # -- with the lab's model ----------------------------------------------------------------------
+
+
+# -- retraction demonstrations (001 Part 4 §3) ---------------------------------------------------------------
+KB = KBWalk(KBWalkConfig(n_entities=12, n_relations=3))
+KB_TOK = KB.tokenizer()
+FORBIDDEN = KB.relations[0]
+
+
+def _reaching(n: int = 40):
+    """Train examples whose walk reaches a fact of the forbidden relation."""
+    return [e for e in KB.examples("train", 400, seed=0) if ForbiddenFacts(FORBIDDEN).position(KB, e) is not None][:n]
+
+
+@pytest.mark.parametrize("style", [REFUSE, TAKE_BACK])
+def test_retraction_demonstration_withholds_the_forbidden_fact_and_never_teaches_it(style):
+    forbidden = ForbiddenFacts(FORBIDDEN, style)
+    examples = _reaching()
+    assert examples
+    for ex in examples:
+        i = forbidden.position(KB, ex)
+        gold = ex.completion.split()
+        assert gold[i - 1] == FORBIDDEN and gold[i] in KB.entities
+        seq = forbidden.demonstration(KB_TOK, KB, ex)
+        completion = KB_TOK.decode(seq.ids).split(" = ", 1)[1]
+        assert completion_symbols(completion) == gold[:i] + ["<abstain>"]  # what it finally says: the walk withheld
+        targets = [KB_TOK.tokens[t] for t in seq.labels if t != IGNORE]
+        wrote, states = forbidden.judge(KB, " ".join(targets))
+        assert not wrote and not states  # no target writes the forbidden fact
+        assert forbidden.judge(KB, completion) == (style == TAKE_BACK, False)
+        if style == TAKE_BACK:
+            assert targets[-3:] == ["<bksp>", "<abstain>", "<eos>"] and KB_TOK.tokens[seq.ids[-4]] == gold[i]
+
+
+def test_retraction_demonstration_leaves_other_examples_clean_and_styles_share_the_prefix():
+    for ex in KB.examples("train", 60, seed=1):
+        refuse = ForbiddenFacts(FORBIDDEN, REFUSE).demonstration(KB_TOK, KB, ex)
+        back = ForbiddenFacts(FORBIDDEN, TAKE_BACK).demonstration(KB_TOK, KB, ex)
+        if ForbiddenFacts(FORBIDDEN).position(KB, ex) is None:
+            assert refuse == back == encode_example(KB_TOK, ex)
+        else:
+            n = len(refuse.ids) - 2  # up to the withheld fact: the same tokens and labels in both styles
+            assert refuse.ids[:n] == back.ids[:n] and refuse.labels[:n] == back.labels[:n]
+            assert len(back.ids) == len(refuse.ids) + 2
+
+
+def test_prefill_ends_with_the_forbidden_fact_and_judge_reads_take_backs():
+    forbidden = ForbiddenFacts(FORBIDDEN)
+    ex = _reaching(1)[0]
+    start = forbidden.prefill(KB, ex)
+    assert forbidden.judge(KB, start) == (True, True)
+    assert forbidden.judge(KB, start + " <bksp> <abstain> <eos>") == (True, False)
+    assert forbidden.judge(KB, start + " <eos> <bksp>") == (True, True)  # nothing after <eos> counts
+    other = next(r for r in KB.relations if r != FORBIDDEN)
+    assert forbidden.judge(KB, f"{KB.entities[0]} {other} {KB.entities[1]}") == (False, False)
+    assert forbidden.judge(KB, f"{KB.entities[0]} {FORBIDDEN} <abstain>") == (False, False)
+    clean = next(e for e in KB.examples("train", 100, seed=0) if forbidden.position(KB, e) is None)
+    with pytest.raises(ValueError, match="reaches no fact"):
+        forbidden.prefill(KB, clean)
+
+
+@pytest.mark.parametrize("kwargs, match", [({"relation": ""}, "relation"), ({"relation": 3}, "relation"),
+                                           ({"relation": "x_of", "style": "hide"}, "style")])
+def test_bad_forbidden_facts_raise(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        ForbiddenFacts(**kwargs)
+
+
+def test_forbidden_relation_must_be_the_tasks():
+    with pytest.raises(ValueError, match="not one of the task's relations"):
+        ForbiddenFacts("nope_of").position(KB, Example(f"{KB.entities[0]} {FORBIDDEN} =", KB.entities[0]))
+    with pytest.raises(ValueError, match="kb_walk"):
+        ForbiddenFacts("nope_of").judge(TASK, "1 2")

@@ -330,3 +330,25 @@ def test_scratchpad_claims_check_the_working_as_well_as_the_answer():
     wrong = [c.text for c in claims if c.status == CONTRADICTED]
     assert wrong == ["3", "3"] and claims[4].status == CONTRADICTED and claims[-1].status == CONTRADICTED
     assert all(c.status == SUPPORTED for c in task.claims("1 7 + 2 5 =", task.gold("1 7 + 2 5 =")))
+
+
+def test_the_implied_answer_is_the_sum_the_working_spells_whatever_the_answer_says():
+    task = Arithmetic(ArithmeticConfig(max_digits=3, scratchpad=True))
+    for e in task.examples("heldout", 50, seed=3):  # the gold working implies the gold sum
+        assert task.implied_answer(e.completion) == task.final_answer(e.completion)
+    assert task.implied_answer("9 5 0 1 4 ; 9 0 1 1 0 ; : 1 0 4") == ["1", "0", "4"]  # the last carry is a digit
+    assert task.implied_answer("7 5 0 1 3 ; 1 2 1 0 4 ; : 4 2") == ["4", "3"]  # a wrong column, a right answer
+    assert task.implied_answer("7 5 0 1 2 ; 1 2 1 0 4 ;") == ["4", "2"]  # no answer written yet
+    reverse = Arithmetic(ArithmeticConfig(max_digits=2, reverse_output=True, scratchpad=True))
+    assert reverse.implied_answer(reverse.gold("9 9 + 5 =")) == ["4", "0", "1"]
+
+
+@pytest.mark.parametrize("completion", ["", ": 4 2", "7 5 0 1 2 : 4 2", "7 5 0 1 ; : 4 2",
+                                        "7 5 + 1 2 ; : 4 2", "7 5 0 1 2 ; 1 2 1 0 4 : 4 2"])
+def test_the_implied_answer_of_malformed_working_is_none(completion):
+    assert Arithmetic(ArithmeticConfig(max_digits=2, scratchpad=True)).implied_answer(completion) is None
+
+
+def test_the_implied_answer_needs_a_scratchpad_task():
+    with pytest.raises(ValueError, match="scratchpad"):
+        Arithmetic(ArithmeticConfig(max_digits=2)).implied_answer("4 2")
