@@ -18,6 +18,10 @@ weights, whose linear layers are named as ``peft`` expects) and :func:`~halluc_l
 :class:`AdaptedLM` lets the lab's training loop drive the twin (``input_ids`` in, logits out). It has no packed
 attention: train it on padded rows (:func:`halluc_lab.data.pad`); right padding is after every real token, so a
 causal model's real positions never see it, and its labels are IGNORE.
+
+A grown vocabulary (:func:`halluc_lab.continual.grow_vocabulary`) brings new tokens whose embedding rows start at
+random; with the backbone frozen they would stay so. ``with_lora(..., new_tokens=ids)`` trains those rows as well,
+through ``peft``'s trainable tokens (the tied head shares them); the old rows stay frozen.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from __future__ import annotations
 import copy
 import math
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -59,12 +64,14 @@ class LoraSpec:
         if not (isinstance(self.dropout, (int, float)) and 0.0 <= self.dropout < 1.0):
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
 
-    def config(self):
-        """The ``peft.LoraConfig`` of this spec."""
+    def config(self, new_tokens: Sequence[int] = ()):
+        """The ``peft.LoraConfig`` of this spec; ``new_tokens``: token ids whose embedding rows train too (peft's
+        trainable tokens; with a tied head, the head's rows are the same rows)."""
         from peft import LoraConfig
 
+        tokens = {"trainable_token_indices": {"embed_tokens": list(new_tokens)}} if new_tokens else {}
         return LoraConfig(r=self.rank, lora_alpha=self.alpha, target_modules=list(self.targets),
-                          lora_dropout=self.dropout, bias="none")
+                          lora_dropout=self.dropout, bias="none", **tokens)
 
     def parameters_per_block(self, model_config) -> int:
         """Trainable parameters one block gets: r (d_in + d_out) per adapted layer.
@@ -95,20 +102,28 @@ class AdaptedLM(nn.Module):
         return self.peft(input_ids=input_ids, position_ids=position_ids).logits  # (B, T, V)
 
 
-def with_lora(model: Transformer, spec: LoraSpec, *, seed: int) -> AdaptedLM:
+def with_lora(model: Transformer, spec: LoraSpec, *, seed: int, new_tokens: Sequence[int] = ()) -> AdaptedLM:
     """The twin of ``model`` (a copy, float32, on ``model``'s device) with LoRA adapters on ``spec.targets`` of every
     block, every base weight frozen. The adapters' A matrices are drawn with ``seed`` (B starts at 0, so the adapted
-    model computes what ``model`` does); the global random state is left as it was."""
+    model computes what ``model`` does); the global random state is left as it was.
+
+    ``new_tokens``: ids whose embedding rows train as well (a grown vocabulary's new names, which a frozen embedding
+    would leave at their random start); every other row stays frozen. :func:`merge` writes them into the embedding."""
     from peft import get_peft_model
 
     if not isinstance(model, Transformer):
         raise TypeError(f"model must be the lab's Transformer, got {type(model).__name__}")
+    new_tokens = list(new_tokens)
+    vocab = model.config.vocab_size
+    if any(isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab for t in new_tokens) \
+            or len(set(new_tokens)) != len(new_tokens):
+        raise ValueError(f"new_tokens must be distinct token ids in [0, {vocab - 1}], got {new_tokens[:8]!r}")
     device = next(model.parameters()).device
     with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
         # peft asks transformers a question under a name that transformers 5 has deprecated
         warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
         torch.manual_seed(seed)
-        adapted = get_peft_model(hf_convert.to_hf(model), spec.config())
+        adapted = get_peft_model(hf_convert.to_hf(model), spec.config(new_tokens))
     return AdaptedLM(adapted).to(device)
 
 

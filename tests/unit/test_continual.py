@@ -5,9 +5,11 @@ import math
 import pytest
 import torch
 
-from halluc_lab.continual import (Anchored, block_parameters, first_order_change, flat_gradient, grow_vocabulary,
-                                  span_share, train_only)
-from halluc_lab.data import Batch, batches
+from halluc_lab.continual import (Anchor, Anchored, FrozenBlocks, FullFineTune, LoRA, Replay, block_parameters,
+                                  first_order_change, flat_gradient, grow_vocabulary, old_prompt_kl, span_share,
+                                  train_new_rows, train_only)
+from halluc_lab.data import Batch, Encoded, batches
+from halluc_lab.lora import ATTENTION, LoraSpec
 from halluc_lab.model import ModelConfig, Transformer
 from halluc_lab.step import NextTokenLoss
 from halluc_lab.train import TrainConfig, train
@@ -126,3 +128,139 @@ def test_a_grown_vocabulary_keeps_every_old_logit_and_adds_seeded_rows():
                            grown.embed_tokens.weight)
     with pytest.raises(ValueError):
         grow_vocabulary(m, CONFIG.vocab_size - 1, seed=0)
+
+
+# -- the methods -----------------------------------------------------------------------------------------
+GROWN = 5  # new tokens: ids CONFIG.vocab_size … CONFIG.vocab_size + GROWN − 1
+
+
+def grown_model() -> Transformer:
+    return grow_vocabulary(model(), CONFIG.vocab_size + GROWN, seed=1)
+
+
+def grown_rows(seed: int, n: int = 16) -> Batch:
+    v = CONFIG.vocab_size + GROWN
+    ids = torch.randint(0, v, (n, 8), generator=torch.Generator().manual_seed(seed))
+    return Batch(ids, ids.clone())
+
+
+def fit(method, base, steps: int = 4):
+    net = method.prepare(base, CONFIG.vocab_size, seed=0)
+    train(net, batches(grown_rows(0), 8, seed=0), TrainConfig(steps=steps, lr=1e-2, warmup_steps=1, weight_decay=0.0),
+          loss=method.loss(net, NextTokenLoss()), cuda_graph=method.cuda_graph)
+    return method.finish(net)
+
+
+def test_new_rows_train_and_old_rows_stay_bit_identical_under_a_frozen_backbone():
+    base = grown_model()
+    out = fit(FrozenBlocks((2,)), base)
+    old, new = base.embed_tokens.weight, out.embed_tokens.weight
+    assert torch.equal(old[:CONFIG.vocab_size], new[:CONFIG.vocab_size])
+    assert not torch.equal(old[CONFIG.vocab_size:], new[CONFIG.vocab_size:])
+    before, after = base.state_dict(), out.state_dict()
+    frozen = [k for k in before if k.startswith(("layers.0.", "layers.1.", "norm"))]
+    assert frozen and all(torch.equal(before[k], after[k]) for k in frozen)
+    assert any(not torch.equal(before[k], after[k]) for k in before if k.startswith("layers.2."))
+    assert isinstance(out, Transformer) and not out.training
+    assert all(p.requires_grad for p in out.parameters())  # a clean lab model: no frozen part, no hook left
+
+
+def test_full_fine_tuning_moves_every_block_and_leaves_the_base_alone():
+    base = grown_model()
+    before = {k: v.clone() for k, v in base.state_dict().items()}
+    out = fit(FullFineTune(), base)
+    assert all(torch.equal(before[k], v) for k, v in base.state_dict().items())  # prepare copied it
+    after = out.state_dict()
+    assert all(any(not torch.equal(before[k], after[k]) for k in before if k.startswith(f"layers.{b}."))
+               for b in range(CONFIG.n_layers))
+
+
+def test_lora_trains_the_new_rows_and_merges_back_into_the_lab_model():
+    pytest.importorskip("peft")
+    base = grown_model()
+    out = fit(LoRA(LoraSpec(rank=2, targets=ATTENTION)), base)
+    old, new = base.embed_tokens.weight, out.embed_tokens.weight
+    assert torch.equal(old[:CONFIG.vocab_size], new[:CONFIG.vocab_size])
+    assert not torch.equal(old[CONFIG.vocab_size:], new[CONFIG.vocab_size:])
+    before, after = base.state_dict(), out.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before if "mlp" in k)
+    assert isinstance(out, Transformer) and out.config == base.config
+
+
+def test_replay_mixes_the_asked_share_of_old_sequences_seeded():
+    new = [Encoded((1, i, 2), (-100, i, 2)) for i in range(10)]
+    old = [Encoded((1, 100 + i, 2), (-100, 100 + i, 2)) for i in range(30)]
+    method = Replay(FullFineTune(), 0.5)
+    mixed = method.sequences(new, old, seed=0)
+    assert len(mixed) == 15 and sum(s in old for s in mixed) == 5 and all(s in mixed for s in new)
+    assert mixed == method.sequences(new, old, seed=0) and mixed != method.sequences(new, old, seed=1)
+    assert FullFineTune().sequences(new, old, seed=0) == new
+    with pytest.raises(ValueError, match="old sequences"):
+        Replay(FullFineTune(), 4.0).sequences(new, old, seed=0)
+    assert method.label == "full fine-tuning + replay 0.5" and method.cuda_graph is None
+
+
+def test_the_anchor_wrapper_adds_eq_12s_penalty_to_the_methods_loss():
+    base = grown_model()
+    method = Anchor(FrozenBlocks((0,)), lam=2.0)
+    net = method.prepare(base, CONFIG.vocab_size, seed=0)
+    loss = method.loss(net, NextTokenLoss())
+    assert isinstance(loss, Anchored) and loss.lam == 2.0
+    assert set(loss.anchor) == {n for n, p in net.named_parameters() if p.requires_grad}
+
+
+@pytest.mark.parametrize("make", [lambda: FrozenBlocks(()), lambda: FrozenBlocks([1]), lambda: LoRA(8),
+                                  lambda: Replay(FullFineTune(), 0), lambda: Replay("full", 0.5),
+                                  lambda: Anchor(FullFineTune(), -1.0), lambda: Anchor(FullFineTune(), float("inf"))])
+def test_bad_methods_are_rejected(make):
+    with pytest.raises((ValueError, TypeError)):
+        make()
+
+
+def test_methods_reject_a_first_new_token_outside_the_vocabulary_and_foreign_models():
+    base = grown_model()
+    for method in (FrozenBlocks((0,)), LoRA(LoraSpec(rank=2))):
+        with pytest.raises(ValueError, match="first_new"):
+            method.prepare(base, base.config.vocab_size, seed=0)
+    with pytest.raises(TypeError):
+        FullFineTune().prepare(torch.nn.Linear(2, 2), 1, seed=0)
+
+
+# -- KL to the old model ----------------------------------------------------------------------------
+def test_old_prompt_kl_is_zero_for_the_same_model_and_counts_mass_moved_to_new_tokens():
+    from halluc_lab.tasks import Example
+    from halluc_lab.tokenizer import Tokenizer
+
+    symbols = [f"w{i}" for i in range(CONFIG.vocab_size - 5)]  # 5 special tokens come first
+    tok = Tokenizer(symbols + [f"n{i}" for i in range(GROWN)])
+    old, exs = model(), [Example("w1 w2 w0", "w3 w4"), Example("w5 w0", "w6")]
+    assert old_prompt_kl(old, old, tok, exs) == pytest.approx([0.0, 0.0], abs=1e-12)
+    grown = grow_vocabulary(old, CONFIG.vocab_size + GROWN, seed=0)
+    kl = old_prompt_kl(old, grown, tok, exs)
+    # the grown model's old logits are the old ones: KL = −log (the mass it leaves on old tokens) > 0
+    b = torch.tensor([[tok.bos_id, *tok.encode("w1 w2 w0 w3 w4"), tok.eos_id]])
+    with torch.no_grad():
+        p = torch.softmax(grown(b).double(), -1)[0, 3:6, :CONFIG.vocab_size].sum(-1)  # positions predicting w3 w4 <eos>
+    assert kl[0] == pytest.approx(float(-p.log().mean()), rel=1e-9) and kl[0] > 0
+    with pytest.raises(ValueError):
+        old_prompt_kl(grown, old, tok, exs)
+    with pytest.raises(ValueError):
+        old_prompt_kl(old, grown, tok, [])
+
+
+def test_train_new_rows_covers_an_untied_head_and_rejects_a_first_row_outside():
+    import dataclasses
+
+    m = grow_vocabulary(Transformer(dataclasses.replace(CONFIG, tie_embeddings=False), seed=0),
+                        CONFIG.vocab_size + GROWN, seed=0)
+    m.requires_grad_(False)
+    handles = train_new_rows(m, CONFIG.vocab_size)
+    assert len(handles) == 2 and m.embed_tokens.weight.requires_grad and m.lm_head.weight.requires_grad
+    summed, _ = NextTokenLoss()(m, grown_rows(3))
+    summed.backward()
+    for w in (m.embed_tokens.weight, m.lm_head.weight):
+        assert torch.all(w.grad[:CONFIG.vocab_size] == 0) and w.grad[CONFIG.vocab_size:].abs().sum() > 0
+    for h in handles:
+        h.remove()
+    with pytest.raises(ValueError, match="first_new"):
+        train_new_rows(m, 0)

@@ -102,3 +102,24 @@ def test_packed_rows_and_foreign_models_are_rejected():
     with pytest.raises(TypeError):
         merge(base())
     assert set(ALL_LINEAR) == set(ATTENTION) | set(MLP)
+
+
+def test_new_token_rows_train_beside_the_adapters_and_merge_into_the_embedding():
+    model, new = base(), [17, 18, 19]
+    adapted = with_lora(model, LoraSpec(rank=2, targets=ATTENTION), seed=0, new_tokens=new)
+    n_trainable, _ = trainable(adapted)
+    spec = LoraSpec(rank=2, targets=ATTENTION)
+    assert n_trainable == CONFIG.n_layers * spec.parameters_per_block(CONFIG) + len(new) * CONFIG.hidden_size
+    fit(adapted, steps=5)
+    merged = merge(adapted)
+    old_w, new_w = model.embed_tokens.weight, merged.embed_tokens.weight
+    assert torch.equal(old_w[:17], new_w[:17]) and not torch.equal(old_w[17:], new_w[17:])
+    x = rows().input_ids[:4]
+    with torch.no_grad():
+        torch.testing.assert_close(merged(x), adapted.eval()(x), rtol=1e-4, atol=1e-4)  # the tied head too
+
+
+@pytest.mark.parametrize("bad", [[20], [-1], [3, 3], [True]])
+def test_new_tokens_outside_the_vocabulary_are_rejected(bad):
+    with pytest.raises(ValueError, match="new_tokens"):
+        with_lora(base(), LoraSpec(rank=2), seed=0, new_tokens=bad)
