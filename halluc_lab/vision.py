@@ -9,31 +9,42 @@ next-token loss are unchanged. Here:
   colours, drawn as RGB pixels with a little noise. The caption names each cell's colour in raster order
   (``red blue … .``). ``bias`` makes one colour usual in the first cell, so a model can learn what is usual
   there as well as what is there: with an image whose first cell is another colour, does the caption describe
-  the image or the habit? That is hallucination in a second modality.
+  the image or the habit? That is hallucination in a second modality. ``distinct`` draws fixed held-out sets
+  (none of them in a training set; ``first`` can break the habit) and :func:`cells_right` scores captions.
 * **The vision module** (:class:`PatchEncoder`) turns each cell's pixels into a feature v_j (one patch per cell,
   a small MLP); :class:`VisionLanguageModel` projects them with ``W_proj`` and writes them over the embeddings of
   the first L positions of the sequence, by a forward hook on the decoder's embedding table. The decoder itself
   is the lab's :class:`~halluc_lab.model.Transformer`, unchanged.
 * **How an image travels.** The lab's training loop moves token rows, so a row carries its image as L cell
   codes (ids ``vocab + colour``) in its first L positions. The model renders them to pixels (with noise drawn
-  from a generator the caller seeds) before the encoder sees them: the codes never reach the embedding table.
+  from a generator the caller seeds) before the encoder sees them. The codes are never embedded: their ids are
+  clamped into the table and the rows it returns for them overwritten.
+* **Generation** is the lab's text loop, :func:`halluc_lab.decoding.decode`, unchanged: ``describe`` renders
+  each image once and every decoding step reads those same pixels.
+
+Departures: 001 names a ViT or CLIP-style encoder; a cell here is one patch and its encoder a small MLP, enough to
+tell the palette's colours apart through the noise. 001's "next-token objective over the joint sequence" has text
+targets only: an image position is followed by an image feature, not a token, so the loss is over the caption.
 """
 
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
 
 from halluc_lab.data import IGNORE, Batch, Encoded, pad
+from halluc_lab.decoding import decode
 from halluc_lab.model import Transformer
 
 Tensor = torch.Tensor
 PALETTE = ((0.9, 0.1, 0.1), (0.1, 0.7, 0.2), (0.1, 0.2, 0.9), (0.9, 0.8, 0.1), (0.6, 0.2, 0.7), (0.1, 0.8, 0.8),
            (0.95, 0.5, 0.1), (0.5, 0.5, 0.5))
 COLOR_NAMES = ("red", "green", "blue", "yellow", "purple", "cyan", "orange", "grey")
+MAX_NOISE = 4.0  # the largest pixel noise a world allows: far past the point where no colour can be read
 
 
 @dataclass(frozen=True)
@@ -44,7 +55,7 @@ class GridWorld:
     cols: int = 2
     colors: int = 4  # how many of PALETTE's colours appear
     pixels: int = 3  # a cell is pixels × pixels RGB values
-    noise: float = 0.05  # std of the Gaussian noise on every pixel value
+    noise: float = 0.05  # std of the Gaussian noise on every pixel value (palette values lie in [0, 1])
     bias: float = 0.0  # probability that the first cell takes colour 0 (the rest: uniform over all colours)
 
     def __post_init__(self):
@@ -52,8 +63,9 @@ class GridWorld:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= high:
                 raise ValueError(f"{name} must be an int in [{low}, {high}], got {v!r}")
-        if not (0.0 <= self.noise < 1.0 and 0.0 <= self.bias <= 1.0):
-            raise ValueError(f"noise must be in [0, 1) and bias in [0, 1], got {self.noise!r} and {self.bias!r}")
+        if not (0.0 <= self.noise <= MAX_NOISE and 0.0 <= self.bias <= 1.0):
+            raise ValueError(f"noise must be in [0, {MAX_NOISE}] and bias in [0, 1], got {self.noise!r} and "
+                             f"{self.bias!r}")
 
     @property
     def cells(self) -> int:
@@ -64,13 +76,45 @@ class GridWorld:
         """The caption vocabulary: the colour names and the full stop."""
         return COLOR_NAMES[:self.colors] + (".",)
 
-    def draw(self, n: int, rng: random.Random, first: int | None = None) -> list[tuple[int, ...]]:
-        """``n`` images as colour codes in raster order; ``first`` fixes the first cell's colour."""
+    def draw(self, n: int, rng: random.Random, first: int | Sequence[int] | None = None) -> list[tuple[int, ...]]:
+        """``n`` images as colour codes in raster order. ``first``: the first cell's colour (an int), or the colours
+        it is drawn from uniformly (a sequence); None: the world's own rule (``bias``)."""
+        heads = self._heads(first)
         out = []
         for _ in range(n):
-            head = first if first is not None else 0 if rng.random() < self.bias else rng.randrange(self.colors)
+            if heads is None:
+                head = 0 if rng.random() < self.bias else rng.randrange(self.colors)
+            else:
+                head = heads[rng.randrange(len(heads))]
             out.append((head, *(rng.randrange(self.colors) for _ in range(self.cells - 1))))
         return out
+
+    def _heads(self, first: int | Sequence[int] | None) -> tuple[int, ...] | None:
+        """``first`` checked, as a tuple of colours (None stays None)."""
+        if first is None:
+            return None
+        heads = (first,) if isinstance(first, int) else tuple(first)
+        if not heads or any(isinstance(c, bool) or not isinstance(c, int) or not 0 <= c < self.colors for c in heads):
+            raise ValueError(f"first must be a colour in [0, {self.colors - 1}] or a non-empty sequence of them, "
+                             f"got {first!r}")
+        return heads
+
+    def distinct(self, n: int, seed: int, exclude: Iterable[tuple[int, ...]] = (),
+                 first: int | Sequence[int] | None = None) -> list[tuple[int, ...]]:
+        """``n`` distinct images, none of them in ``exclude`` (a training set): a held-out set, drawn in order from
+        ``random.Random(seed)``. Raises if the world has too few such images to find them."""
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"n must be a positive int, got {n!r}")
+        rng, seen, out = random.Random(seed), set(exclude), []
+        for _ in range(100 * n):
+            img = self.draw(1, rng, first)[0]
+            if img not in seen:
+                seen.add(img)
+                out.append(img)
+                if len(out) == n:
+                    return out
+        raise ValueError(f"found only {len(out)} distinct held-out images of the {n} asked for: the world "
+                         f"({self.colors} colours, {self.cells} cells) has too few outside exclude")
 
     def caption(self, codes: tuple[int, ...]) -> str:
         """The colours of the cells in raster order, then a full stop."""
@@ -84,6 +128,15 @@ class GridWorld:
             return clean
         noise = torch.randn(clean.shape, generator=generator, device="cpu" if generator is None else generator.device)
         return clean + self.noise * noise.to(codes.device)
+
+    def to_image(self, patches: Tensor) -> Tensor:
+        """One image's patches ``(L, 3·pixels²)`` as an RGB picture ``(rows·pixels, cols·pixels, 3)`` in [0, 1] (for
+        ``imshow``; values the noise pushed out of range are clipped for display only)."""
+        p = self.pixels
+        if patches.shape != (self.cells, 3 * p * p):
+            raise ValueError(f"patches must have shape {(self.cells, 3 * p * p)}, got {tuple(patches.shape)}")
+        cells = patches.detach().float().cpu().view(self.rows, self.cols, 3, p, p)  # a patch is channel-major
+        return cells.permute(0, 3, 1, 4, 2).reshape(self.rows * p, self.cols * p, 3).clamp(0, 1)
 
 
 class PatchEncoder(nn.Module):
@@ -130,14 +183,26 @@ class VisionLanguageModel(nn.Module):
         """Colour codes ``(B, L)`` as the ids a row carries."""
         return codes + self.text_vocab
 
+    def see(self, codes: Tensor, generator: torch.Generator | None = None, noise: float | None = None) -> Tensor:
+        """The pixels of images ``(B, L)`` → ``(B, L, 3·pixels²)``, rendered with the world's noise or ``noise``."""
+        world = self.world if noise is None else replace(self.world, noise=noise)
+        return world.render(codes, generator)
+
     def forward(self, input_ids: Tensor, position_ids: Tensor | None = None,
-                segment_ids: Tensor | None = None) -> Tensor:
+                segment_ids: Tensor | None = None, *, pixels: Tensor | None = None) -> Tensor:
+        """Logits ``(B, T, V)`` of rows ``(B, T)`` that open with L cell codes. ``pixels`` ``(B, L, 3·pixels²)``: the
+        images as seen (default: the codes rendered with the generator ``self.noise``)."""
         L = self.world.cells
         codes = input_ids[:, :L] - self.text_vocab
         if input_ids.shape[1] < L or bool((codes < 0).any() | (codes >= self.world.colors).any()):
             raise ValueError(f"every row must open with {L} image cell codes (ids {self.text_vocab}.."
                              f"{self.text_vocab + self.world.colors - 1}), then its text")
-        self._visual = self.proj(self.encoder(self.world.render(codes, self.noise)))  # (B, L, d)
+        pixels = self.see(codes, self.noise) if pixels is None else pixels
+        if pixels.shape != (*codes.shape, self.encoder.net[0].in_features):
+            raise ValueError(f"pixels must have shape {(*codes.shape, self.encoder.net[0].in_features)}, "
+                             f"got {tuple(pixels.shape)}")
+        weight = self.proj.weight
+        self._visual = self.proj(self.encoder(pixels.to(weight.device, weight.dtype)))  # (B, L, d): W_proj v + b
         try:  # the placeholder ids are clamped into the table; their embeddings are overwritten
             return self.lm(input_ids.clamp_max(self.text_vocab - 1), position_ids, segment_ids)
         finally:
@@ -154,17 +219,32 @@ class VisionLanguageModel(nn.Module):
         return pad(seqs, tok.pad_id)
 
     @torch.no_grad()
-    def describe(self, images: list[tuple[int, ...]], tok, max_new_tokens: int | None = None) -> list[list[str]]:
-        """Greedy captions of ``images``: the symbols the model writes after each image, up to ``<eos>``."""
-        budget = max_new_tokens or self.world.cells + 2
+    def describe(self, images: list[tuple[int, ...]], tok, *, generator: torch.Generator | None = None,
+                 noise: float | None = None, max_new_tokens: int | None = None) -> list[list[str]]:
+        """Greedy captions of ``images``: the symbols the model writes after each image, up to ``<eos>``.
+
+        Each image is rendered once (noise from ``generator``; ``noise`` overrides the world's level) and every step
+        of the lab's decoding loop (:func:`~halluc_lab.decoding.decode`) sees those pixels.
+        """
+        if not images:
+            raise ValueError("images must not be empty")
+        budget = self.world.cells + 2 if max_new_tokens is None else max_new_tokens
         device = next(self.parameters()).device
-        ids = self.image_ids(torch.tensor(images, device=device))  # (B, L)
-        done = torch.zeros(len(images), dtype=torch.bool, device=device)
-        for _ in range(budget):
-            nxt = self(ids)[:, -1].argmax(-1)  # (B,)
-            nxt = torch.where(done, tok.pad_id, nxt)
-            ids, done = torch.cat([ids, nxt[:, None]], 1), done | (nxt == tok.eos_id)
-            if bool(done.all()):
-                break
+        codes = torch.tensor(images, device=device)  # (B, L)
+        pixels = self.see(codes, generator, noise)  # (B, L, 3·p²), fixed for the whole caption
+        ids = decode(lambda t: self(t, pixels=pixels)[:, -1], self.image_ids(codes), budget, eos_token=tok.eos_id)
         rows = [row[:row.index(tok.eos_id)] if tok.eos_id in row else row for row in ids[:, self.world.cells:].tolist()]
         return [tok.decode(row).split() for row in rows]
+
+
+def cells_right(images: Sequence[tuple[int, ...]], said: Sequence[Sequence[str]]) -> list[list[bool]]:
+    """Per image, per cell: is the caption's word in the cell's place its colour? (A caption too short is wrong in
+    the places it lacks; the whole caption is right when ``said == world.caption(codes).split()``.)
+
+    >>> cells_right([(0, 1)], [["red", "blue", "."]]), cells_right([(0, 1)], [["red"]])
+    ([[True, False]], [[True, False]])
+    """
+    if len(images) != len(said):
+        raise ValueError(f"images and said must be as long, got {len(images)} and {len(said)}")
+    return [[i < len(words) and words[i] == COLOR_NAMES[c] for i, c in enumerate(codes)]
+            for codes, words in zip(images, said)]
