@@ -112,30 +112,34 @@ def pad(seqs: Sequence[Encoded], pad_id: int, length: int | None = None) -> Batc
 def pack(seqs: Sequence[Encoded], length: int, pad_id: int) -> Batch:
     """Pack sequences into rows of ``length`` tokens: ``[seq1, seq2, ..., pad]`` (000 §5.7).
 
-    First fit, in order: each sequence goes into the first row with room (rows too full for
-    the shortest sequence are no longer searched). ``segment_ids``
+    First fit, in order: each sequence goes into the first row with room. ``segment_ids``
     number the sequences of a row from 1 (padding is 0) so the model attends only within a
     sequence, and ``position_ids`` restart at 0 for each, so a packed sequence is computed
     exactly as it would be alone.
+
+    The first row with room is found in O(log n) by a max-tree over the rooms of every row there
+    could be (one per sequence, an unused row has a whole row's room): the leftmost row whose room
+    fits is the first existing one that does, or else the next new row — a full-scale corpus of
+    ~200,000 documents packs in seconds, where scanning the open rows took the better part of a minute.
     """
     longest = _check_seqs(seqs)
     if longest > length:
         raise ValueError(f"length must be >= the longest sequence ({longest}), got {length}")
-    shortest = min(len(s.ids) for s in seqs)
+    size = 1 << max(1, (len(seqs) - 1).bit_length())  # leaves: rows 0 .. size − 1
+    tree = [length] * (2 * size)  # tree[i]: the most room of any row under node i (leaf size + r: row r)
     rows: list[list[Encoded]] = []
-    room: list[int] = []
-    open_rows: list[int] = []  # rows that can still take the shortest sequence, in order
     for s in seqs:
-        r = next((r for r in open_rows if room[r] >= len(s.ids)), None)
-        if r is None:
-            r = len(rows)
+        need, i = len(s.ids), 1
+        while i < size:  # down to the leftmost leaf with room >= need (the root always has: longest <= length)
+            i = 2 * i if tree[2 * i] >= need else 2 * i + 1
+        r = i - size
+        if r == len(rows):
             rows.append([])
-            room.append(length)
-            open_rows.append(r)
         rows[r].append(s)
-        room[r] -= len(s.ids)
-        if room[r] < shortest:
-            open_rows.remove(r)
+        tree[i] -= need
+        while i > 1:
+            i //= 2
+            tree[i] = max(tree[2 * i], tree[2 * i + 1])
     ids, labels, pos, seg = [], [], [], []  # built as lists: one tensor per field, not per sequence
     for row in rows:
         r_ids, r_lab, r_pos, r_seg = [], [], [], []
