@@ -240,9 +240,10 @@ TASK_PLANS = {
 _ARITHMETIC = {"smoke": TASK_PLANS["arithmetic", "smoke"], "full": TASK_PLANS["arithmetic", "full"]}
 _SYCOPHANCY_STAGES = ("rlhf", "rlhf-agreeable", "rlvr")
 # A rule inferred from the context is a composition (read a demonstration, subtract, add to the query): its SFT
-# runs 2,000 steps at full scale, as path_star's does for its look-up.
+# runs 2,000 steps at full scale, as path_star's does for its look-up. At smoke scale the 2 × 64 model does not learn
+# it in 300 steps either, so the smoke recipe is kept small (it proves the code path; chapter 12 stays near 90 s).
 for _scale, _icl, _icl_steps, _cot_equations in (
-        ("smoke", InContextConfig(max_shots=4, n_pretrain_documents=6000, prompts_per_document=2), 300, 2),  # rows of 64
+        ("smoke", InContextConfig(max_shots=4, n_pretrain_documents=3000, prompts_per_document=2), 150, 2),  # rows of 64
         ("full", InContextConfig(max_shots=4, n_pretrain_documents=150_000), 2000, 2)):  # a scratchpad is 3-4 × longer
     _plan = _ARITHMETIC[_scale]
     TASK_PLANS["in_context", _scale] = TaskPlan(_icl, SFT(n_examples=_plan.sft.n_examples),

@@ -620,6 +620,6 @@ def test_chapter_12s_recipes_share_arithmetics_model_sums_and_steps(scale):
     assert recipes.key(plain) != recipes.key(agreeable)
     assert recipes.get("sycophancy-rlvr", scale).parent == syc
     icl = recipes.get("in_context-sft-clean", scale)
-    assert icl.train.steps == {"smoke": 300, "full": 2000}[scale] and icl.parent.name == "in_context-pretrain"
+    assert icl.train.steps == {"smoke": 150, "full": 2000}[scale] and icl.parent.name == "in_context-pretrain"
     for name in ("in_context-rlvr", "arithmetic_cot-dpo", "arithmetic-rlhf-agreeable", "kb_walk-rlhf-agreeable"):
         assert name not in recipes.NAMES  # only the stages the chapter compares
