@@ -283,25 +283,36 @@ class LoRA(Method):
 
 
 @dataclasses.dataclass(frozen=True)
-class Replay(Method):
-    """``method`` trained on the new sequences with old ones mixed in: ``fraction`` old sequences per new one,
-    drawn without replacement and shuffled in (seeded)."""
+class _Wrapper(Method):
+    """A method that trains what ``method`` trains, with something added: all it does not override is ``method``'s."""
 
     method: Method  # the method whose parameters train
-    fraction: float  # old sequences per new sequence
 
     def __post_init__(self):
         if not isinstance(self.method, Method):
             raise TypeError(f"method must be a Method, got {type(self.method).__name__}")
+
+    cuda_graph = property(lambda self: self.method.cuda_graph)
+    prepare = property(lambda self: self.method.prepare)
+    finish = property(lambda self: self.method.finish)
+    loss = property(lambda self: self.method.loss)
+    sequences = property(lambda self: self.method.sequences)
+
+
+@dataclasses.dataclass(frozen=True)
+class Replay(_Wrapper):
+    """``method`` trained on the new sequences with old ones mixed in: ``fraction`` old sequences per new one,
+    drawn without replacement and shuffled in (seeded)."""
+
+    fraction: float  # old sequences per new sequence
+
+    def __post_init__(self):
+        super().__post_init__()
         if isinstance(self.fraction, bool) or not isinstance(self.fraction, (int, float)) or not (
                 math.isfinite(self.fraction) and self.fraction > 0):
             raise ValueError(f"fraction must be a finite number > 0, got {self.fraction!r}")
 
-    cuda_graph = property(lambda self: self.method.cuda_graph)
     label = property(lambda self: f"{self.method.label} + replay {self.fraction:g}")
-    prepare = property(lambda self: self.method.prepare)
-    finish = property(lambda self: self.method.finish)
-    loss = property(lambda self: self.method.loss)
 
     def sequences(self, new: Sequence[Encoded], old: Sequence[Encoded], *, seed: int) -> list[Encoded]:
         k = round(self.fraction * len(new))
@@ -314,25 +325,19 @@ class Replay(Method):
 
 
 @dataclasses.dataclass(frozen=True)
-class Anchor(Method):
+class Anchor(_Wrapper):
     """``method`` with eq. (12)'s λΩ added to its loss (:class:`Anchored`: Ω = ½ ‖ϑ − θ^(k)‖² over its trainable
     parameters, θ^(k) their values when training starts)."""
 
-    method: Method  # the method whose parameters train
     lam: float  # λ
 
     def __post_init__(self):
-        if not isinstance(self.method, Method):
-            raise TypeError(f"method must be a Method, got {type(self.method).__name__}")
+        super().__post_init__()
         if isinstance(self.lam, bool) or not isinstance(self.lam, (int, float)) or not (
                 math.isfinite(self.lam) and self.lam >= 0):
             raise ValueError(f"lam must be a finite number >= 0, got {self.lam!r}")
 
-    cuda_graph = property(lambda self: self.method.cuda_graph)
     label = property(lambda self: f"{self.method.label} + anchor λ={self.lam:g}")
-    prepare = property(lambda self: self.method.prepare)
-    finish = property(lambda self: self.method.finish)
-    sequences = property(lambda self: self.method.sequences)
 
     def loss(self, net: nn.Module, base: Callable) -> Callable:
         return Anchored(self.method.loss(net, base), net, self.lam)
