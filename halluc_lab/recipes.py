@@ -238,14 +238,13 @@ TASK_PLANS = {
 # a scratchpad is three to four times longer. Sycophancy: arithmetic's world with half the prompts (and half the
 # pre-training equations) opened by the user's stated sum, half of those wrong; clean SFT, RLHF with a reward model
 # fit to the verifier's ranking or to raters who like agreement, and RLVR.
-_ARITHMETIC = {"smoke": TASK_PLANS["arithmetic", "smoke"], "full": TASK_PLANS["arithmetic", "full"]}
 # A rule inferred from the context is a composition (read a demonstration, subtract, add to the query): its SFT
 # runs 2,000 steps at full scale, as path_star's does for its look-up. At smoke scale the 2 × 64 model does not learn
 # it in 300 steps either, so the smoke recipe is kept small (it proves the code path; chapter 12 stays near 90 s).
 for _scale, _icl, _icl_steps, _cot_equations in (
         ("smoke", InContextConfig(max_shots=4, n_pretrain_documents=3000, prompts_per_document=2), 150, 2),  # rows of 64
         ("full", InContextConfig(max_shots=4, n_pretrain_documents=150_000), 2000, 2)):
-    _plan = _ARITHMETIC[_scale]
+    _plan = TASK_PLANS["arithmetic", _scale]
     TASK_PLANS["in_context", _scale] = TaskPlan(_icl, SFT(n_examples=_plan.sft.n_examples),
                                                 {"sft-clean": _icl_steps})
     TASK_PLANS["arithmetic_cot", _scale] = TaskPlan(dataclasses.replace(_plan.world, scratchpad=True,
