@@ -325,10 +325,9 @@ class PPOTraining:
         task = make_task(recipe.task)
         examples = preference_examples(task, self.n_prompts, seed=recipe.seed)
         with deterministic():
-            tok = task.tokenizer()
-            groups = sample_groups(model, tok, task, examples, self.reward_model.samples, seed=recipe.seed)
+            groups = sample_groups(model, task.tokenizer(), task, examples, self.reward_model.samples, seed=recipe.seed)
             if self.reward_model.annotator is not None:
-                groups = self.reward_model.annotator.rerank(groups, task, tok)
+                groups = self.reward_model.annotator.rerank(groups, task, task.tokenizer())
             return fit_reward_model(model, groups, self.reward_model, seed=recipe.seed, autocast_dtype=dtype)
 
     def fit(self, recipe, model: nn.Module, device: torch.device, dtype: torch.dtype | None, checkpoints: str) -> History:
