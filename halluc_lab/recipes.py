@@ -28,7 +28,10 @@ training, the lock — is :mod:`halluc_lab.recipe_cache`, which also defines :cl
 from __future__ import annotations
 
 import dataclasses
+import json
 import multiprocessing
+import os
+import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -240,19 +243,23 @@ TASK_PLANS = {
 # fit to the verifier's ranking or to raters who like agreement, and RLVR.
 # A rule inferred from the context is a composition (read a demonstration, subtract, add to the query): its SFT
 # runs 2,000 steps at full scale, as path_star's does for its look-up. At smoke scale the 2 × 64 model does not learn
-# it in 300 steps either, so the smoke recipe is kept small (it proves the code path; chapter 12 stays near 90 s).
-for _scale, _icl, _icl_steps, _cot_equations in (
-        ("smoke", InContextConfig(max_shots=4, n_pretrain_documents=3000, prompts_per_document=2), 150, 2),  # rows of 64
-        ("full", InContextConfig(max_shots=4, n_pretrain_documents=150_000), 2000, 2)):
+# it in 300 steps either, so the smoke recipes of these three chains are kept small: they prove the code path, and
+# chapter 12's smoke run (which trains them) stays within its 90 s. At full scale CoT and sycophancy take arithmetic's
+# corpus size, SFT examples and steps, so the direct arm (arithmetic-sft-clean) is matched.
+for _scale, _icl, _icl_steps, _cot_documents, _sft_steps in (
+        ("smoke", InContextConfig(max_shots=4, n_pretrain_documents=3000, prompts_per_document=2), 150, 2000, 150),
+        ("full", InContextConfig(max_shots=4, n_pretrain_documents=150_000), 2000, None, None)):
     _plan = TASK_PLANS["arithmetic", _scale]
+    _sft_steps = _sft_steps or _plan.steps["sft-clean"]
     TASK_PLANS["in_context", _scale] = TaskPlan(_icl, SFT(n_examples=_plan.sft.n_examples),
                                                 {"sft-clean": _icl_steps})
-    TASK_PLANS["arithmetic_cot", _scale] = TaskPlan(dataclasses.replace(_plan.world, scratchpad=True,
-                                                                        equations_per_document=_cot_equations), _plan.sft,
-                                                    {"sft-clean": _plan.steps["sft-clean"]})
+    TASK_PLANS["arithmetic_cot", _scale] = TaskPlan(
+        dataclasses.replace(_plan.world, scratchpad=True, equations_per_document=2,
+                            n_pretrain_documents=_cot_documents or _plan.world.n_pretrain_documents),
+        _plan.sft, {"sft-clean": _sft_steps})
     TASK_PLANS["sycophancy", _scale] = dataclasses.replace(
         _plan, world=SycophancyConfig(_plan.world, p_stated=0.5, p_wrong=0.5),
-        steps={"sft-clean": _plan.steps["sft-clean"], "rlhf-agreeable": _PREFERENCE_STEPS[_scale]["ppo"],
+        steps={"sft-clean": _sft_steps, "rlhf-agreeable": _PREFERENCE_STEPS[_scale]["ppo"],
                "rlhf": _PREFERENCE_STEPS[_scale]["ppo"], "rlvr": _PREFERENCE_STEPS[_scale]["rlvr"]})
 TASKS = tuple(dict.fromkeys(task for task, _ in TASK_PLANS))
 # A stage exists for a task when the task's plan gives it steps (pre-training: one pass, always).
@@ -283,8 +290,29 @@ def get(name: str, scale: str) -> Recipe:
 
 
 def _one_pass(recipe: Recipe) -> int:
-    """Optimizer steps of one pass over the recipe's rows."""
-    return training_rows(recipe).input_ids.shape[0] // recipe.batch_size
+    """Optimizer steps of one pass over the recipe's rows.
+
+    Counting them means generating and packing the whole corpus (seconds at smoke scale, about ten per task at
+    full scale), so the count is kept in the cache beside the models, under the recipe's key: the key covers the
+    recipe and the code that builds its rows, so a changed corpus is counted again.
+    """
+    path = os.path.join(cache_root(), "steps", recipe.name, f"{key(recipe)}.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            steps = json.load(f)
+        if isinstance(steps, int) and not isinstance(steps, bool) and steps >= 0:
+            return steps
+    except (OSError, ValueError):
+        pass  # not counted yet, or unreadable: count again
+    steps = training_rows(recipe).input_ids.shape[0] // recipe.batch_size
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=os.path.dirname(path), suffix=".tmp", delete=False) as f:
+            json.dump(steps, f)
+        os.replace(f.name, path)  # whole or not at all: another process may read it now
+    except OSError:
+        pass  # a read-only cache still counts, only every time
+    return steps
 
 
 def training_rows(recipe: Recipe) -> Batch:

@@ -90,6 +90,27 @@ def test_pretraining_is_exactly_one_pass_over_the_corpus(task):
     assert r.train.steps == rows // r.batch_size
 
 
+def test_one_pass_is_counted_once_and_kept_under_the_recipe_key(fresh_registry, monkeypatch, tmp_path):
+    monkeypatch.setenv("HALLUC_CACHE", str(tmp_path))
+    r = recipes.get("arithmetic-pretrain", "smoke")
+    rows = recipes.training_rows(r).input_ids.shape[0]
+    assert r.train.steps == rows // r.batch_size
+    kept = tmp_path / "steps" / r.name / f"{recipes.key(dataclasses.replace(r, train=recipes.TrainConfig(steps=1, warmup_steps=0)))}.json"
+    assert json.loads(kept.read_text()) == r.train.steps
+
+    def counted(_):
+        raise AssertionError("the corpus was built again")
+
+    recipes.get.cache_clear()
+    monkeypatch.setattr(recipes, "training_rows", counted)
+    assert recipes.get("arithmetic-pretrain", "smoke") == r  # read back, not counted
+    for bad in ("{not json", "-3", "true", "2.5"):  # unreadable or impossible: counted again
+        kept.write_text(bad)
+        recipes.get.cache_clear()
+        with pytest.raises(AssertionError, match="built again"):
+            recipes.get("arithmetic-pretrain", "smoke")
+
+
 @pytest.mark.parametrize("bad", ["kb_walk-finetune", "chess-pretrain", "kb_walk"])
 def test_unknown_names_and_scales_raise(bad):
     with pytest.raises(ValueError, match="unknown recipe"):
@@ -601,16 +622,24 @@ def test_retrieved_context_combines_with_backspace_passages_never_targets_and_ne
         recipes.training_rows(tiny_sft(retrieved=RetrievedContext()))
 
 
-@pytest.mark.parametrize("scale", ["smoke"])  # full-scale corpora take minutes to pack; the tables are the same code
-def test_chapter_12s_recipes_share_arithmetics_model_sums_and_steps(scale):
+@pytest.mark.parametrize("scale", recipes.SCALES)
+def test_chapter_12s_recipes_share_arithmetics_model_sums_and_steps(scale, fresh_registry, monkeypatch):
+    if scale == "full":  # full-scale corpora take minutes to pack: their counted rows stand in
+        monkeypatch.setattr(recipes, "_one_pass", lambda r: FULL_CORPUS_ROWS[r.name] // r.batch_size)
     direct, cot = recipes.get("arithmetic-sft-clean", scale), recipes.get("arithmetic_cot-sft-clean", scale)
-    # chain of thought: the same sums, examples, steps and rate, written out with a scratchpad
-    assert cot.task == dataclasses.replace(direct.task, scratchpad=True,
-                                           equations_per_document=cot.task.equations_per_document)
-    assert (cot.stage, cot.train, cot.seed) == (direct.stage, direct.train, direct.seed)
+    syc = recipes.get("sycophancy-sft-clean", scale)
+    # chain of thought: the same sums, examples and rate, written out with a scratchpad; at full scale the same
+    # steps and pre-training documents as the direct arm, at smoke scale (which only proves the code) fewer
+    smaller = {"smoke": dict(steps=150, documents=2000), "full": dict(steps=direct.train.steps,
+                                                                      documents=direct.task.n_pretrain_documents)}[scale]
+    assert cot.task == dataclasses.replace(direct.task, scratchpad=True, equations_per_document=2,
+                                           n_pretrain_documents=smaller["documents"])
+    assert (cot.stage, cot.seed) == (direct.stage, direct.seed)
+    assert cot.train == syc.train == dataclasses.replace(direct.train, steps=smaller["steps"],
+                                                         warmup_steps=smaller["steps"] // 20,
+                                                         checkpoint_every=min(200, smaller["steps"] // 4))
     assert dataclasses.replace(cot.model, vocab_size=1) == dataclasses.replace(direct.model, vocab_size=1)
     # sycophancy: arithmetic's world with statements; its RLHF arms differ only in the annotators
-    syc = recipes.get("sycophancy-sft-clean", scale)
     assert syc.task.base == direct.task and (syc.task.p_stated, syc.task.p_wrong) == (0.5, 0.5)
     plain, agreeable = recipes.get("sycophancy-rlhf", scale), recipes.get("sycophancy-rlhf-agreeable", scale)
     assert plain.parent == agreeable.parent == syc and plain.train == agreeable.train
