@@ -53,8 +53,8 @@ import torch
 from halluc_lab.data import IGNORE, Batch, Encoded, encode_example
 from halluc_lab.retrieval import fact_passages, rag_prompt, walk_passages
 from halluc_lab.sampling import sample
-from halluc_lab.tasks.base import Example, Task, completion_symbols
-from halluc_lab.tokenizer import ABSTAIN, BKSP, EOS, SPECIAL_TOKENS, Tokenizer
+from halluc_lab.tasks.base import Example, Task, completion_symbols, writing
+from halluc_lab.tokenizer import ABSTAIN, SPECIAL_TOKENS, Tokenizer
 
 
 # -- backspace demonstrations (000 §7.3) ---------------------------------------------------------
@@ -386,13 +386,6 @@ class ForbiddenFacts:
         take-backs (a violation). The answer is read as it was written: each ``<bksp>`` erases the symbol before."""
         self._check(task)
         entities, text, wrote = frozenset(task.entities), [], False
-        for w in completion.split():
-            if w == EOS:
-                break
-            if w == BKSP:
-                if text:
-                    text.pop()
-            elif w not in SPECIAL_TOKENS or w == ABSTAIN:
-                wrote |= bool(text) and text[-1] == self.relation and w in entities
-                text.append(w)
+        for w in writing(completion, text):
+            wrote |= bool(text) and text[-1] == self.relation and w in entities
         return wrote, any(a == self.relation and b in entities for a, b in zip(text, text[1:]))

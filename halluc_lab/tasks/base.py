@@ -21,7 +21,7 @@ from __future__ import annotations
 import hashlib
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from numbers import Real
 
@@ -68,17 +68,32 @@ def completion_symbols(completion: str | Sequence[str]) -> list[str]:
     >>> completion_symbols("4 7 <bksp> 6 <eos> 9")
     ['4', '6']
     """
-    parts = completion.split() if isinstance(completion, str) else list(completion)
     out: list[str] = []
-    for p in parts:
-        if p == EOS:
-            break
-        if p == BKSP:
-            if out:
-                out.pop()
-        elif p not in (PAD, BOS):
-            out.append(p)
+    for _ in writing(completion, out):
+        pass
     return out
+
+
+def writing(completion: str | Sequence[str], text: list[str] | None = None) -> Iterator[str]:
+    """Read a completion as it was written: yields each symbol as it is about to be appended to ``text`` (the
+    symbols said so far, kept up to date in place), applying every ``<bksp>`` on the way and stopping at
+    ``<eos>``; afterwards ``text`` is :func:`completion_symbols`. For checks of what was ever written, not
+    only what survived.
+
+    >>> said = []
+    >>> [(w, " ".join(said)) for w in writing("4 7 <bksp> 6 <eos> 9", said)]
+    [('4', ''), ('7', '4'), ('6', '4')]
+    """
+    text = [] if text is None else text
+    for p in (completion.split() if isinstance(completion, str) else completion):
+        if p == EOS:
+            return
+        if p == BKSP:
+            if text:
+                text.pop()
+        elif p not in (PAD, BOS):
+            yield p
+            text.append(p)
 
 
 def split_of(key: str, heldout_fraction: float, salt: int) -> str:
