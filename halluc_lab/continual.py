@@ -37,6 +37,7 @@ import copy
 import dataclasses
 import math
 import random
+import weakref
 from collections.abc import Callable, Sequence
 
 import torch
@@ -99,21 +100,31 @@ class Anchored:
 
     ``loss(model, batch) -> (summed loss, count)`` as :data:`halluc_lab.step.Loss`; the training step divides by
     the count, so λΩ is added as λΩ·count and the step minimises mean loss + λΩ. ``anchor``: the trainable
-    parameters' values at the start (θ^(k)), taken from ``model`` now.
+    parameters' values at the start (θ^(k)), taken from ``model`` now. ``first_new``: a grown vocabulary's first
+    new token; its rows and later ones of the token embedding and of an untied head are left out of Ω, as the new
+    names had no θ^(k) to stay near (their start is a random draw).
     """
 
-    def __init__(self, loss: Callable, model: nn.Module, lam: float):
+    def __init__(self, loss: Callable, model: nn.Module, lam: float, *, first_new: int | None = None):
         if isinstance(lam, bool) or not isinstance(lam, (int, float)) or not (math.isfinite(lam) and lam >= 0):
             raise ValueError(f"lam must be a finite number >= 0, got {lam!r}")
         self.loss, self.lam = loss, float(lam)
         self.anchor = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
         if not self.anchor:
             raise ValueError("the model has no trainable parameter to anchor (call train_only first?)")
+        self.rows = {}  # parameter name -> how many leading rows Ω covers (all, if not named)
+        if first_new is not None:
+            for n, a in self.anchor.items():
+                if n.endswith(_TOKEN_ROWS):
+                    if isinstance(first_new, bool) or not isinstance(first_new, int) or not 0 < first_new < len(a):
+                        raise ValueError(f"first_new must be an int in [1, {len(a) - 1}], got {first_new!r}")
+                    self.rows[n] = first_new
 
     def penalty(self, model: nn.Module) -> Tensor:
-        """Ω(ϑ, θ^(k)) = ½ Σ ‖ϑ − θ^(k)‖²."""
+        """Ω(ϑ, θ^(k)) = ½ Σ ‖ϑ − θ^(k)‖² (the new token rows left out)."""
         params = dict(model.named_parameters())
-        return 0.5 * sum(((params[n] - a) ** 2).sum() for n, a in self.anchor.items())
+        return 0.5 * sum(((params[n][:self.rows.get(n, len(a))] - a[:self.rows.get(n, len(a))]) ** 2).sum()
+                         for n, a in self.anchor.items())
 
     def __call__(self, model: nn.Module, batch) -> tuple[Tensor, Tensor]:
         summed, count = self.loss(model, batch)
@@ -162,6 +173,9 @@ def first_order_change(g_old: Tensor, g_new: Tensor, lr: float) -> float:
     if g_old.shape != g_new.shape or g_old.dim() != 1:
         raise ValueError(f"g_old and g_new must be vectors of one shape, got {tuple(g_old.shape)} and {tuple(g_new.shape)}")
     return -lr * float(g_old.double() @ g_new.double())
+
+
+_TOKEN_ROWS = ("embed_tokens.weight", "lm_head.weight")  # the lab model's parameters with a row per token
 
 
 # -- which parameters train: the methods compared -------------------------------------------------------
@@ -339,8 +353,16 @@ class Anchor(_Wrapper):
 
     label = property(lambda self: f"{self.method.label} + anchor λ={self.lam:g}")
 
+    def prepare(self, model: Transformer, first_new: int, *, seed: int) -> nn.Module:
+        net = self.method.prepare(model, first_new, seed=seed)
+        _FIRST_NEW[net] = first_new  # the loss, built from the net, leaves the new rows out of Ω
+        return net
+
     def loss(self, net: nn.Module, base: Callable) -> Callable:
-        return Anchored(self.method.loss(net, base), net, self.lam)
+        return Anchored(self.method.loss(net, base), net, self.lam, first_new=_FIRST_NEW.get(net))
+
+
+_FIRST_NEW: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # net prepared by an Anchor -> its first new token
 
 
 # -- how far the old behaviour moved ------------------------------------------------------------------

@@ -209,6 +209,26 @@ def test_the_anchor_wrapper_adds_eq_12s_penalty_to_the_methods_loss():
     assert set(loss.anchor) == {n for n, p in net.named_parameters() if p.requires_grad}
 
 
+def test_the_anchor_leaves_a_grown_vocabularys_new_rows_out_and_pulls_on_every_old_weight():
+    base = grown_model()
+    first_new = CONFIG.vocab_size
+    net = Anchor(FullFineTune(), lam=1.0).prepare(base, first_new, seed=0)
+    loss = Anchor(FullFineTune(), lam=1.0).loss(net, NextTokenLoss())
+    emb = net.embed_tokens.weight
+    with torch.no_grad():
+        assert float(loss.penalty(net)) == 0.0
+        emb[first_new:] += 1.0  # the new names' rows: no θ^(k) to stay near
+        assert float(loss.penalty(net)) == 0.0
+        emb[first_new - 1] += 1.0  # an old token's row is anchored
+        assert float(loss.penalty(net)) == pytest.approx(0.5 * emb.shape[1])
+    plain = Anchored(NextTokenLoss(), base, 1.0)  # without first_new every row is anchored
+    assert set(plain.rows) == set() and set(loss.rows) == {n for n in loss.anchor if n.endswith(
+        ("embed_tokens.weight", "lm_head.weight"))}
+    for bad in (0, base.embed_tokens.weight.shape[0], True, 2.5):
+        with pytest.raises(ValueError, match="first_new"):
+            Anchored(NextTokenLoss(), base, 1.0, first_new=bad)
+
+
 @pytest.mark.parametrize("make", [lambda: FrozenBlocks(()), lambda: FrozenBlocks([1]), lambda: LoRA(8),
                                   lambda: Replay(FullFineTune(), 0), lambda: Replay("full", 0.5),
                                   lambda: Anchor(FullFineTune(), -1.0), lambda: Anchor(FullFineTune(), float("inf"))])
