@@ -11,7 +11,8 @@ methods) states a difference only where an interval excludes zero; the prose the
   bootstrap: resample seeds, then prompts). A comparison is *paired*: both arms answered the same
   prompts with models from the same seeds, so each resample draws the same prompts and seeds for
   both, and the prompt-to-prompt variation common to both arms cancels.
-- :func:`verdict` — "A > B", "A < B" or "no difference resolved" from an interval.
+- :func:`verdict` — "A > B", "A < B" or "no difference resolved" from an interval; :func:`said`, the same as a
+  clause of prose with the interval beside it.
 - :func:`reliability` — calibration (chapter 11): answers binned by the model's confidence, each bin's
   accuracy beside its mean confidence (the reliability diagram), and the expected calibration error
   ECE = Σ_b (n_b/N) |accuracy_b − confidence_b| (Guo et al., 2017) over equal-width bins.
@@ -146,6 +147,23 @@ def verdict(difference: Interval, a: str = "A", b: str = "B") -> str:
     if difference.high < 0:
         return f"{a} < {b}"
     return f"no difference between {a} and {b} resolved"
+
+
+def said(difference: Interval, a: str, b: str, what: str) -> str:
+    """A clause for the interval of ``what`` of ``a`` minus ``b`` that follows the numbers: which is higher where
+    the interval excludes zero, "no difference … is resolved" where it does not, the interval always beside it.
+    Prose a notebook builds from its results uses this (or :func:`verdict`) instead of a verdict written in advance.
+
+    >>> said(Interval(0.05, 0.01, 0.09), "backspace SFT", "clean SFT", "exact match")
+    'backspace SFT has a higher exact match than clean SFT (+0.050 [+0.010, +0.090])'
+    >>> said(Interval(-0.02, -0.06, 0.01), "backspace SFT", "clean SFT", "exact match")
+    'no difference in exact match between backspace SFT and clean SFT is resolved (-0.020 [-0.060, +0.010])'
+    """
+    if difference.low > 0:
+        return f"{a} has a higher {what} than {b} ({difference:+.3f})"
+    if difference.high < 0:
+        return f"{a} has a lower {what} than {b} ({difference:+.3f})"
+    return f"no difference in {what} between {a} and {b} is resolved ({difference:+.3f})"
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.stats import binomtest, bootstrap
 
-from halluc_lab.stats import Interval, bootstrap_mean, paired_difference, reliability, verdict, wilson
+from halluc_lab.stats import Interval, bootstrap_mean, paired_difference, reliability, said, verdict, wilson
 
 
 @settings(max_examples=40, deadline=None)
@@ -117,3 +117,20 @@ def test_a_calibrated_sampler_has_small_ece_and_a_constant_guess_has_large_ece()
 def test_reliability_rejects_bad_input(conf, right, bins, match):
     with pytest.raises(ValueError, match=match):
         reliability(conf, right, bins=bins)
+
+
+@pytest.mark.parametrize("iv, words", [
+    (Interval(0.05, 0.01, 0.09), "RL has a higher reward than SFT (+0.050 [+0.010, +0.090])"),
+    (Interval(-0.05, -0.09, -0.01), "RL has a lower reward than SFT (-0.050 [-0.090, -0.010])"),
+    (Interval(0.05, -0.01, 0.11), "no difference in reward between RL and SFT is resolved (+0.050 [-0.010, +0.110])"),
+    (Interval(0.0, 0.0, 0.0), "no difference in reward between RL and SFT is resolved (+0.000 [+0.000, +0.000])"),
+])
+def test_said_follows_the_interval_whichever_way_the_numbers_go(iv, words):
+    assert said(iv, "RL", "SFT", "reward") == words
+
+
+def test_said_turns_with_planted_numbers_that_go_the_other_way():
+    up = paired_difference(np.array([0.9] * 50 + [0.8] * 50), np.array([0.5] * 100), resamples=500)
+    down = paired_difference(np.array([0.5] * 100), np.array([0.9] * 50 + [0.8] * 50), resamples=500)
+    assert "higher" in said(up, "A", "B", "score") and "lower" in said(down, "A", "B", "score")
+    assert said(up, "A", "B", "score") != said(down, "A", "B", "score").replace("lower", "higher")  # signs differ too
