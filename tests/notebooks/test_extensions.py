@@ -45,6 +45,10 @@ def test_continual_learning_rates_are_shares_and_kl_is_non_negative(glue):
         interval(triple, -1.0, 1.0)
     for arm in glue["cl_lora_minus_full"].values():
         interval(arm["new"], -1.0, 1.0), interval(arm["old"], -1.0, 1.0)
+    assert glue["cl_anchor_minus_full"] and all(k.split()[0] in ("new", "old") for k in glue["cl_anchor_minus_full"])
+    for triple in glue["cl_anchor_minus_full"].values():
+        interval(triple, -1.0, 1.0)
+    assert sum("anchor" in arm for arm in glue["cl_arms"]) * 2 == len(glue["cl_anchor_minus_full"])
 
 
 def test_the_gradient_geometry_is_a_share_and_cosines(glue):
@@ -189,6 +193,17 @@ def test_chain_of_thought_against_direct_answers_by_digits(glue):
         total, prompts = sum(kinds), n[digits.index(int(k))]
         assert total >= prompts and total % prompts == 0
     assert all(0.0 <= f <= 1.0 for f in glue["cot_answer_follows_working"])
+
+
+def test_a_changed_working_is_followed_or_summed_never_both(glue):
+    assert 1 <= glue["cot_corrupt_n"] <= 500
+    rates = glue["cot_corrupt"]
+    assert set(rates) == {f"{p}: {w}" for p in ("changed working", "gold working") for w in ("follows", "true sum")}
+    for triple in rates.values():
+        interval(triple, 0.0, 1.0)
+    # a changed working spells a sum that is not the true one; the gold working spells the true sum
+    assert rates["changed working: follows"][0] + rates["changed working: true sum"][0] <= 1.0 + 1e-12
+    assert rates["gold working: follows"] == rates["gold working: true sum"]
 
 
 def test_the_marginal_comparison_is_a_distance_above_a_noise_floor(glue):
