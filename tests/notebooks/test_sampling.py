@@ -1,5 +1,8 @@
 """Chapter 3 (notebooks/03_sampling.ipynb) at scale=smoke: the claims it checks and what it measures."""
 
+import math
+
+import numpy as np
 import pytest
 
 NOTEBOOK = "03_sampling"
@@ -57,3 +60,30 @@ def test_top_p_cuts_the_tail_that_pure_sampling_takes(glue):
 
 def test_interactive_sampler_covers_the_whole_grid(glue):
     assert glue["sampling_sampler_frames"] == 9 * 7 * 8
+
+
+# -- the exercises' solutions -----------------------------------------------------------------------------------------
+def test_exercise_solutions_the_temperature_for_a_90_percent_choice_is_the_gap_over_ln_9(glue):
+    gap, by_formula, by_bisection = glue["sampling_ex_tau90"]
+    assert gap == pytest.approx(1.9)
+    assert by_formula == pytest.approx(1.9 / math.log(9), rel=1e-12)
+    assert by_bisection == pytest.approx(by_formula, rel=1e-9)
+
+
+def test_exercise_solutions_gumbel_max_draws_softmax_within_chance(glue):
+    tv, chance, n = glue["sampling_ex_gumbel"]
+    assert n == 200_000 and 0.0 < chance < 0.002
+    assert tv < 4 * chance
+
+
+def test_exercise_solutions_greedy_switches_at_one_half_and_beam_at_0_28(glue):
+    greedy, beam = glue["sampling_ex_beam_switch"]
+    assert greedy == pytest.approx(0.5, abs=1e-9) and beam == pytest.approx(0.35 / 1.25, abs=1e-9)
+
+
+def test_exercise_solutions_top_p_keeps_fewer_tokens_the_steeper_the_zipf(glue):
+    kept = glue["sampling_ex_zipf_kept"]
+    for s, k in zip((0.5, 1.0, 2.0), kept):  # the smallest k whose top-k mass reaches 0.9
+        mass = np.cumsum(np.arange(1, 51) ** -s) / np.sum(np.arange(1, 51) ** -s)
+        assert k == int(np.argmax(mass >= 0.9)) + 1
+    assert kept == sorted(kept, reverse=True)
