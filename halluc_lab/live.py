@@ -12,7 +12,7 @@ a recorded run (:func:`halluc_lab.progress.in_batch`), whose widget state the st
 Example (in JupyterLab)::
 
     trained = recipes.load("kb_walk-pretrain", rt)
-    live_sampler(trained.model, trained.tokenizer, prompts=["a0 r1"])
+    live_sampler(trained.model, trained.tokenizer, [f"{a} {r}" for a, r in sorted(trained.task.facts)[:12]])
 """
 
 from __future__ import annotations
