@@ -149,10 +149,11 @@ def verdict(difference: Interval, a: str = "A", b: str = "B") -> str:
     return f"no difference between {a} and {b} resolved"
 
 
-def said(difference: Interval, a: str, b: str, what: str) -> str:
+def said(difference: Interval, a: str, b: str, what: str, *, spec: str = "+.3f") -> str:
     """A clause for the interval of ``what`` of ``a`` minus ``b`` that follows the numbers: which is higher where
     the interval excludes zero, "no difference … is resolved" where it does not, the interval always beside it.
     Prose a notebook builds from its results uses this (or :func:`verdict`) instead of a verdict written in advance.
+    ``spec``: the format of the estimate and the interval's ends.
 
     >>> said(Interval(0.05, 0.01, 0.09), "backspace SFT", "clean SFT", "exact match")
     'backspace SFT has a higher exact match than clean SFT (+0.050 [+0.010, +0.090])'
@@ -160,10 +161,10 @@ def said(difference: Interval, a: str, b: str, what: str) -> str:
     'no difference in exact match between backspace SFT and clean SFT is resolved (-0.020 [-0.060, +0.010])'
     """
     if difference.low > 0:
-        return f"{a} has a higher {what} than {b} ({difference:+.3f})"
+        return f"{a} has a higher {what} than {b} ({difference:{spec}})"
     if difference.high < 0:
-        return f"{a} has a lower {what} than {b} ({difference:+.3f})"
-    return f"no difference in {what} between {a} and {b} is resolved ({difference:+.3f})"
+        return f"{a} has a lower {what} than {b} ({difference:{spec}})"
+    return f"no difference in {what} between {a} and {b} is resolved ({difference:{spec}})"
 
 
 @dataclass(frozen=True)

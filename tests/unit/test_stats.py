@@ -134,3 +134,8 @@ def test_said_turns_with_planted_numbers_that_go_the_other_way():
     down = paired_difference(np.array([0.5] * 100), np.array([0.9] * 50 + [0.8] * 50), resamples=500)
     assert "higher" in said(up, "A", "B", "score") and "lower" in said(down, "A", "B", "score")
     assert said(up, "A", "B", "score") != said(down, "A", "B", "score").replace("lower", "higher")  # signs differ too
+
+
+def test_said_formats_the_interval_as_asked():
+    assert said(Interval(0.0009, 0.0004, 0.0014), "A", "B", "rate", spec="+.4f") == \
+        "A has a higher rate than B (+0.0009 [+0.0004, +0.0014])"
