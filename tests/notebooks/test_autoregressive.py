@@ -50,3 +50,24 @@ def test_impossible_transitions_teacher_forced_and_free_running(glue):
     assert glue["autoregressive_fr_error_source"] == 0.0
     for mode in ("tf", "fr"):
         assert 0 < glue[f"autoregressive_{mode}_error_rnn"] < 0.5 * glue[f"autoregressive_{mode}_error_bigram"]
+
+
+def test_the_modes_are_compared_at_matched_positions_with_intervals(glue):
+    assert glue["autoregressive_matched_diff_source"] == [0.0, 0.0, 0.0]  # the source never errs in either mode
+    for name in ("rnn", "bigram"):
+        est, low, high = glue[f"autoregressive_matched_diff_{name}"]
+        assert -1.0 <= low <= est <= high <= 1.0
+        positions, above, below = glue[f"autoregressive_matched_positions_{name}"]
+        assert 1 <= positions <= 30 and above + below <= positions
+
+
+# -- the exercises' solutions -----------------------------------------------------------------------------------------
+def test_exercise_solutions_the_chain_rule_holds_in_both_orders(glue):
+    assert max(glue["autoregressive_ex_chain_rule_error"]) < 1e-12
+
+
+def test_exercise_solutions_smoothing_is_scanned_and_the_best_k_is_the_lowest_perplexity(glue):
+    sm = glue["autoregressive_ex_smoothing"]
+    assert len(sm["k"]) == len(sm["perplexity"]) and all(1.0 < p < 11.0 for p in sm["perplexity"])
+    assert sm["best"] == sm["k"][sm["perplexity"].index(min(sm["perplexity"]))]
+    assert sm["unseen"] >= 0 and sm["fewest"] >= 0 and (sm["unseen"] == 0 or sm["fewest"] == 0)
