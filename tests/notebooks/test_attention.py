@@ -1,5 +1,7 @@
 """Chapter 4 (attention): what the smoke run of notebooks/04_attention.ipynb must show."""
 
+import math
+
 import pytest
 
 NOTEBOOK = "04_attention"
@@ -14,7 +16,9 @@ def test_worked_examples_disagree_only_where_the_errata_say(glue):
     assert glue["attention_scale_disagreements"] == 2  # "head size" for √(head size); "bigger τ: sharper"
     assert glue["attention_equivariance_disagreements"] == 1  # "invariant" for equivariant
     assert glue["attention_kv_disagreements"] == 0
-    assert glue["attention_disagreements"] == 7
+    assert glue["attention_bilinear_disagreements"] == 2  # 001 Remark 3: the masked triangle; W_O's side
+    assert glue["attention_encdec_disagreements"] == 2  # 004 §8.1.2: `tgt +=` on the caller's tensor; no target mask
+    assert glue["attention_disagreements"] == 11
 
 
 def test_causal_mask_stops_later_tokens_changing_earlier_outputs(glue):
@@ -42,6 +46,25 @@ def test_heatmap_weights_come_from_the_lab_model(glue):
     assert glue["attention_twin_logit_gap"] < 1e-4  # its Hugging Face twin gives the same logits
 
 
+def test_a_head_is_a_bilinear_form_of_rank_at_most_d_h_and_the_column_mask_must_be_the_lower_triangle(glue):
+    assert glue["attention_bilinear_ranks"] == [4, 4, 4, 4]
+    assert glue["attention_bilinear_leak"]["lower"] == 0.0 < 1e-3 < glue["attention_bilinear_leak"]["upper"]
+
+
+def test_004s_decoder_leaks_the_future_and_cross_attention_is_pytorchs(glue):
+    assert glue["attention_encdec_leak"] > 1e-6
+    assert glue["attention_encdec_cross_gap"] < 1e-12
+
+
+def test_exercise_solutions_attention(glue):
+    margin, weight = glue["attention_ex_margin"]
+    assert margin == pytest.approx(math.log(0.99 * 7 / 0.01)) and weight == pytest.approx(0.99, abs=1e-12)
+    sym, asym = glue["attention_ex_asymmetry"]
+    assert sym < 1e-12 < 1e-3 < asym
+    assert glue["attention_ex_rank_of_sums"] == [4, 8, 12, 16]
+
+
 def test_a_trained_head_is_far_from_an_even_spread(glue):
     # the most specialised head of the arithmetic model (a random-init head is close to 1)
     assert glue["attention_head_pattern_over_even"] > 1.5
+    assert glue["attention_head_pattern_problems"] == 32  # distinct held-out problems at smoke scale
