@@ -119,12 +119,12 @@ class Anchored:
                     if isinstance(first_new, bool) or not isinstance(first_new, int) or not 0 < first_new < len(a):
                         raise ValueError(f"first_new must be an int in [1, {len(a) - 1}], got {first_new!r}")
                     self.rows[n] = first_new
+        self._kept = {n: self.rows.get(n, len(a)) for n, a in self.anchor.items()}  # rows Ω covers, every parameter
 
     def penalty(self, model: nn.Module) -> Tensor:
         """Ω(ϑ, θ^(k)) = ½ Σ ‖ϑ − θ^(k)‖² (the new token rows left out)."""
         params = dict(model.named_parameters())
-        return 0.5 * sum(((params[n][:self.rows.get(n, len(a))] - a[:self.rows.get(n, len(a))]) ** 2).sum()
-                         for n, a in self.anchor.items())
+        return 0.5 * sum(((params[n][:self._kept[n]] - a[:self._kept[n]]) ** 2).sum() for n, a in self.anchor.items())
 
     def __call__(self, model: nn.Module, batch) -> tuple[Tensor, Tensor]:
         summed, count = self.loss(model, batch)

@@ -43,9 +43,14 @@ class Interval:
     confidence: float = CONFIDENCE  # the interval's level
 
     @property
+    def side(self) -> int:
+        """+1 when the whole interval lies above zero, −1 below it, 0 when it contains zero (nothing resolved)."""
+        return 1 if self.low > 0 else -1 if self.high < 0 else 0
+
+    @property
     def excludes_zero(self) -> bool:
         """True when the whole interval lies on one side of zero."""
-        return self.low > 0 or self.high < 0
+        return self.side != 0
 
     def __format__(self, spec: str) -> str:
         spec = spec or ".3f"
@@ -142,10 +147,8 @@ def verdict(difference: Interval, a: str = "A", b: str = "B") -> str:
     >>> verdict(Interval(0.05, 0.01, 0.09), "backspace", "clean")
     'backspace > clean'
     """
-    if difference.low > 0:
-        return f"{a} > {b}"
-    if difference.high < 0:
-        return f"{a} < {b}"
+    if difference.side:
+        return f"{a} {'>' if difference.side > 0 else '<'} {b}"
     return f"no difference between {a} and {b} resolved"
 
 
@@ -160,10 +163,8 @@ def said(difference: Interval, a: str, b: str, what: str, *, spec: str = "+.3f")
     >>> said(Interval(-0.02, -0.06, 0.01), "backspace SFT", "clean SFT", "exact match")
     'no difference in exact match between backspace SFT and clean SFT is resolved (-0.020 [-0.060, +0.010])'
     """
-    if difference.low > 0:
-        return f"{a} has a higher {what} than {b} ({difference:{spec}})"
-    if difference.high < 0:
-        return f"{a} has a lower {what} than {b} ({difference:{spec}})"
+    if difference.side:
+        return f"{a} has a {'higher' if difference.side > 0 else 'lower'} {what} than {b} ({difference:{spec}})"
     return f"no difference in {what} between {a} and {b} is resolved ({difference:{spec}})"
 
 
