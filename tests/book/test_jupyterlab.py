@@ -92,8 +92,9 @@ def test_chapter_3s_live_sampler_answers_the_temperature_slider_and_samples(brow
         handle.focus()
         for _ in range(10):  # 1.0 -> 2.0 in steps of 0.1
             handle.press("ArrowRight")
-        page.wait_for_function("([el, old]) => el.innerText !== old", arg=[shown.element_handle(), before],
-                               timeout=30_000)
+        # the widget replaces its table on every redraw: query it afresh each time
+        page.wait_for_function("old => document.querySelector('.halluc-live-distribution').innerText !== old",
+                               arg=before, timeout=30_000)
         assert slider.locator(".widget-readout").inner_text().strip() == "2.00"
         after = shown.inner_text()
         assert after != before, "moving the temperature did not change the distribution"
