@@ -11,14 +11,14 @@ pytestmark = pytest.mark.notebook
 def test_worked_examples_disagree_only_where_the_errata_say(glue):
     assert glue["attention_worked_disagreements"] == 3  # 004 §5.1: α_t1, α_t3, c_t[2]
     assert glue["attention_toy_disagreements"] == 1  # 001 App. A: the example omits eq. (14)'s 1/√d_h
-    assert glue["attention_listing_disagreements"] == 0
-    assert glue["attention_multihead_disagreements"] == 0
+    assert glue["attention_listing_disagreements"] == 1  # 002: the causal-mask usage leaves out 1/√d_k
+    assert glue["attention_multihead_disagreements"] == 2  # 004 §5.1.1: Q, K, V "n × d_model"; §5.1.3: √d_k for √d'_k
     assert glue["attention_scale_disagreements"] == 2  # "head size" for √(head size); "bigger τ: sharper"
     assert glue["attention_equivariance_disagreements"] == 1  # "invariant" for equivariant
     assert glue["attention_kv_disagreements"] == 0
     assert glue["attention_bilinear_disagreements"] == 2  # 001 Remark 3: the masked triangle; W_O's side
     assert glue["attention_encdec_disagreements"] == 2  # 004 §8.1.2: `tgt +=` on the caller's tensor; no target mask
-    assert glue["attention_disagreements"] == 11
+    assert glue["attention_disagreements"] == 14
 
 
 def test_causal_mask_stops_later_tokens_changing_earlier_outputs(glue):
