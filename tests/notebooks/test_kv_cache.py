@@ -13,7 +13,10 @@ def test_claims_disagree_only_where_the_errata_say(glue):
     assert glue["kv_cache_worked_disagreements"] == 1  # 004 §6.2.1: the cached step computes q_3, not q_4
     assert glue["kv_cache_cost_disagreements"] == 2  # 001: "O(t²) total" and "quadratic to linear" total
     assert glue["kv_cache_memory_disagreements"] == 1  # 001: "fixed-length representation"
-    assert glue["kv_cache_disagreements"] == 4
+    # 002's cached loop: it feeds new_token before sampling one; under either reading of its helpers the cache
+    # does not hold the sequence (two rows each) and the tokens part from the uncached loop's
+    assert glue["kv_cache_listing_002_disagreements"] == 5
+    assert glue["kv_cache_disagreements"] == 9
 
 
 def test_past_keys_and_values_do_not_change_when_tokens_arrive(glue):
