@@ -79,3 +79,25 @@ def test_fine_tuning_recipes_start_from_the_models_trained_here(glue):
     for task in ("kb_walk", "arithmetic"):
         assert f"{task}-sft-clean" in rooted
     assert "kb_walk-pretrain:" in glue["run_recipes"] and "arithmetic-pretrain:" in glue["run_recipes"]
+
+
+# -- the exercises' solutions -----------------------------------------------------------------------------------------
+def test_exercise_solutions_the_parameter_formula_counts_every_weight(glue):
+    params = glue["pretraining_ex_params"]
+    assert set(params) >= {"kb_walk", "arithmetic"}
+    for name, (by_formula, in_tables, counted) in params.items():
+        assert by_formula == counted, name
+        assert 0 < in_tables < by_formula
+
+
+def test_exercise_solutions_tokens_per_parameter_are_tokens_over_parameters(glue):
+    ratios, params = glue["pretraining_ex_tokens_per_param"], glue["pretraining_ex_params"]
+    for name, (tokens, ratio) in ratios.items():
+        assert ratio == pytest.approx(tokens / params[name][2], rel=1e-12)
+
+
+def test_exercise_solutions_half_the_peak_rate_falls_at_the_middle_of_the_decay(glue):
+    for name, (step, warmup, total) in glue["pretraining_ex_half_rate"].items():
+        middle = warmup + (total - warmup) / 2
+        assert middle <= step < middle + 1, name  # the first whole step at or past the cosine's zero
+    assert glue["pretraining_ex_half_rate"]["TrainConfig(1000, 1.0, 100)"][0] == 550
