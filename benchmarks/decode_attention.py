@@ -18,10 +18,10 @@ Needs a CUDA GPU. ``python benchmarks/decode_attention.py``
 from __future__ import annotations
 
 import sys
-import time
 
 import torch
 import torch.nn.functional as F
+from common import best_time, environment
 
 from halluc_lab import kv_cache
 from halluc_lab.device import set_deterministic
@@ -49,15 +49,7 @@ def step_ms(model: Transformer, context: int, device: torch.device) -> float:
     prompt = torch.randint(0, CONFIG.vocab_size, (context,), generator=torch.Generator().manual_seed(0)).tolist()
     eng.start([prompt], 70, SamplingParams(greedy=True))
     eng.step(), eng.step()  # the first step captures the graph
-    best = float("inf")
-    for _ in range(5):
-        torch.cuda.synchronize(device)
-        start = time.perf_counter()
-        for _ in range(8):
-            eng.step()
-        torch.cuda.synchronize(device)
-        best = min(best, (time.perf_counter() - start) / 8)
-    return best * 1e3
+    return best_time(lambda: [eng.step() for _ in range(8)], device, 5) / 8 * 1e3
 
 
 def attention_ms(device: torch.device, **kwargs) -> float:
@@ -69,21 +61,17 @@ def attention_ms(device: torch.device, **kwargs) -> float:
         k, v = k.repeat_interleave(4, 1), v.repeat_interleave(4, 1)
     if kwargs.pop("mask", False):
         kwargs["attn_mask"] = torch.ones(1, 1, 1, k.shape[2], dtype=torch.bool, device=device)
-    for _ in range(3):
-        F.scaled_dot_product_attention(q, k, v, **kwargs)
-    torch.cuda.synchronize(device)
-    start = time.perf_counter()
-    for _ in range(160):
-        F.scaled_dot_product_attention(q, k, v, **kwargs)
-    torch.cuda.synchronize(device)
-    return (time.perf_counter() - start) / 160 * CONFIG.n_layers * 1e3
+    calls = lambda n: [F.scaled_dot_product_attention(q, k, v, **kwargs) for _ in range(n)]
+    calls(3)  # warm up
+    return best_time(lambda: calls(160), device, 1) / 160 * CONFIG.n_layers * 1e3
 
 
 def main() -> None:
     if not torch.cuda.is_available():
         sys.exit("decode_attention.py needs a CUDA GPU")
     device = torch.device("cuda")
-    print(f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}, {time.strftime('%Y-%m-%d')}")
+    env = environment(device)
+    print(f"{env['device']}, torch {env['torch']}, {env['date']}")
     model = Transformer(CONFIG, seed=0).to(device, dtype=torch.bfloat16).eval()
     library_write = kv_cache.KVCache.write
     writes = (("one-hot where (library)", library_write), ("index_put_", index_put_write), ("no write", no_write))
