@@ -139,3 +139,14 @@ def test_said_turns_with_planted_numbers_that_go_the_other_way():
 def test_said_formats_the_interval_as_asked():
     assert said(Interval(0.0009, 0.0004, 0.0014), "A", "B", "rate", spec="+.4f") == \
         "A has a higher rate than B (+0.0009 [+0.0004, +0.0014])"
+
+
+def test_an_increasing_map_carries_the_interval_and_its_coverage():
+    losses = np.random.default_rng(0).normal(1.0, 0.3, size=(3, 400))  # (seeds, rows) of mean log-losses
+    iv = bootstrap_mean(losses, resamples=500)
+    ppl = iv.map(math.exp)
+    assert (ppl.estimate, ppl.low, ppl.high) == (math.exp(iv.estimate), math.exp(iv.low), math.exp(iv.high))
+    assert ppl.low <= ppl.estimate <= ppl.high and ppl.confidence == iv.confidence
+    # coverage carries over: θ lies in the interval exactly when exp θ lies in the mapped one
+    for theta in (iv.low - 1e-3, iv.estimate, iv.high + 1e-3):
+        assert (iv.low <= theta <= iv.high) == (ppl.low <= math.exp(theta) <= ppl.high)
