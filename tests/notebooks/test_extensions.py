@@ -215,3 +215,27 @@ def test_the_marginal_comparison_is_a_distance_above_a_noise_floor(glue):
     for arm, triple in glue["cot_marginal_tv_excess"].items():
         assert interval(triple) == pytest.approx(tv[arm] - tv["CoT marginal"])
     assert 0 <= glue["cot_model_disagreements"] <= 5
+
+
+# -- the exercises' solutions -----------------------------------------------------------------------------------------
+def test_exercise_solutions_the_lora_break_even_rank_agrees_with_the_library(glue):
+    rank = glue["cl_ex_lora_break_even"]
+    assert rank["formula"] == rank["library"] >= 1
+
+
+def test_exercise_solutions_a_blind_rule_is_right_one_time_in_nine(glue):
+    chance = glue["icl_ex_chance"]
+    assert chance["blind"] == pytest.approx(1 / 9, rel=1e-12) == pytest.approx(glue["icl_chance"], rel=1e-12)
+    assert chance["checked"] == 9 * 10 * 9 and chance["wrong"] == 0
+
+
+def test_exercise_solutions_a_cubic_term_moves_the_answer_anywhere(glue):
+    for target, (c, miss, at_7) in glue["cot_ex_any_answer"].items():
+        assert miss < 1e-9 and at_7 == pytest.approx(float(target), abs=1e-9), target
+        assert c == pytest.approx((float(target) - 49) / 40, rel=1e-12)
+
+
+def test_exercise_solutions_the_gold_working_keeps_its_invariant(glue):
+    pad = glue["cot_ex_scratchpad"]
+    assert pad["sums"] == sum(glue["cot_n_prompts"]) and pad["columns"] >= pad["sums"]
+    assert pad["broken"] == 0
