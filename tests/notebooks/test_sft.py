@@ -154,3 +154,31 @@ def test_a_second_run_from_an_empty_cache_glues_the_same_values(glue, tmp_path, 
     again = read_glue(nbformat.read(target, as_version=4))
     differing = sorted(k for k in set(glue) | set(again) if glue.get(k) != again.get(k))
     assert not differing, f"glued values that differ between two runs: {differing[:10]}"
+
+
+# -- the exercises' solutions -----------------------------------------------------------------------------------------
+def test_exercise_solutions_token_weighted_accumulation_is_the_big_batch_gradient(glue):
+    acc = glue["sft_ex_accumulation"]
+    assert len(set(acc["counts"])) > 1  # unequal micro-batches, where the plain mean is off
+    assert acc["weighted"] < 1e-6 < acc["plain"]
+
+
+def test_exercise_solutions_half_lengths_solve_the_geometric_law(glue):
+    assert glue["sft_ex_half_length"]  # at least one task has a fitted ε in (0, 1)
+    for task, (eps, length) in glue["sft_ex_half_length"].items():
+        assert (1 - eps) ** length == pytest.approx(0.5, rel=1e-9), task
+    assert (1 - glue["sft_ex_eps_for_90_at_20"]) ** 20 == pytest.approx(0.9, rel=1e-12)
+
+
+def test_exercise_solutions_the_cluster_bootstrap_brackets_the_librarys_precision(glue):
+    cb = glue["sft_ex_cluster_bootstrap"]
+    assert cb["precision"] == pytest.approx(cb["library"], rel=1e-12)
+    for low, high in (cb["wilson"], cb["cluster"]):
+        assert low <= cb["precision"] <= high and high - low > 0
+    assert 0 < cb["erasures"] and cb["answers"] > 0
+
+
+def test_exercise_solutions_a_smoothed_loss_bottoms_out_at_the_targets_entropy(glue):
+    floor = glue["sft_ex_smoothing_floor"]
+    assert floor["minimum"] == pytest.approx(floor["entropy"], abs=1e-9)
+    assert floor["entropy"] > 0 and floor["max_p_minus_q"] < 1e-6
