@@ -92,3 +92,30 @@ def test_the_beta_flip_grid_holds_shares_of_answers(glue):
 
 def test_every_disagreement_is_counted(glue):
     assert glue["pref_disagreements"] == glue["pref_toy_disagreements"] + glue["pref_hallucination_disagreements"]
+
+
+# -- the exercises' solutions -----------------------------------------------------------------------------------------
+def test_exercise_solutions_the_quadratic_gives_the_beta_of_half_correct(glue):
+    half = glue["pref_ex_half_correct_beta"]
+    assert half["p_correct"] == pytest.approx(0.5, abs=1e-12)
+    assert half["bisection"] == pytest.approx(half["closed"], rel=1e-9)
+
+
+def test_exercise_solutions_the_optimal_values_slope_is_minus_the_kl(glue):
+    for beta, (finite_difference, minus_kl) in glue["pref_ex_value_derivative"].items():
+        assert minus_kl < 0, beta
+        assert finite_difference == pytest.approx(minus_kl, rel=1e-6), beta
+
+
+def test_exercise_solutions_the_dpo_gradient_formula_matches_autograd(glue):
+    grads = glue["pref_ex_dpo_gradient"]
+    for policy, (weight, gap) in grads.items():
+        assert gap < 1e-12, policy
+    assert grads["π_ref"][0] == pytest.approx(0.5, abs=1e-12)
+    assert grads["π*"][0] < 0.5  # π* ranks Canberra. over Sydney.: the pair weighs less
+
+
+def test_exercise_solutions_noisy_labels_leave_a_gap_of_log_odds(glue):
+    for flip, (fitted, closed) in glue["pref_ex_noisy_gap"].items():
+        assert fitted == pytest.approx(closed, abs=1e-6), flip
+        assert closed > 0
