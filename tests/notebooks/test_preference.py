@@ -109,7 +109,7 @@ def test_exercise_solutions_the_optimal_values_slope_is_minus_the_kl(glue):
 
 def test_exercise_solutions_the_dpo_gradient_formula_matches_autograd(glue):
     grads = glue["pref_ex_dpo_gradient"]
-    for policy, (weight, gap) in grads.items():
+    for policy, (_, gap) in grads.items():
         assert gap < 1e-12, policy
     assert grads["π_ref"][0] == pytest.approx(0.5, abs=1e-12)
     assert grads["π*"][0] < 0.5  # π* ranks Canberra. over Sydney.: the pair weighs less

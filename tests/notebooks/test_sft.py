@@ -166,6 +166,7 @@ def test_exercise_solutions_token_weighted_accumulation_is_the_big_batch_gradien
 def test_exercise_solutions_half_lengths_solve_the_geometric_law(glue):
     assert glue["sft_ex_half_length"]  # at least one task has a fitted ε in (0, 1)
     for task, (eps, length) in glue["sft_ex_half_length"].items():
+        assert eps == glue[f"sft_{task}_eps_fit"], task  # the ε fitted in the compounding section
         assert (1 - eps) ** length == pytest.approx(0.5, rel=1e-9), task
     assert (1 - glue["sft_ex_eps_for_90_at_20"]) ** 20 == pytest.approx(0.9, rel=1e-12)
 
