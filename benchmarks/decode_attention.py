@@ -5,9 +5,11 @@ and 4 KV heads) growing from 2.3 ms at 16 cached tokens to 5.7 ms at 8,192, whil
 takes about 0.06 ms at the card's bandwidth. This script takes the step apart, in one run:
 
 - one engine step (batch 1, greedy, graph-replayed) at contexts 16, 1,024 and 8,192, with PyTorch's
-  deterministic algorithms on (as the book runs) and off, each with the library's KV write (a one-hot
-  ``torch.where`` over the layer), with ``index_put_``, and with no write at all (timing only: the
-  cache is then wrong);
+  deterministic algorithms on (as the book runs) and off, each with the library's KV write
+  (``index_put_`` with the deterministic sort skipped, :func:`halluc_lab.device.distinct_indices`: each
+  row writes its own slot), with plain ``index_put_`` (sorted when deterministic algorithms are on), with
+  a one-hot ``torch.where`` over the layer (the library's write until 2026-11-27), and with no write at
+  all (timing only: the cache is then wrong);
 - one layer's decode attention at 8,192 + 80 keys as the model calls it
   (``F.scaled_dot_product_attention`` with a boolean mask and ``enable_gqa=True``), against the same
   call without a mask and against a mask with the KV heads repeated, times 16 layers.
@@ -34,9 +36,16 @@ CONFIG = ModelConfig(vocab_size=512, hidden_size=2048, n_layers=16, n_heads=16, 
 
 
 def index_put_write(self, layer, k_new, v_new, slots):
-    """The KV write as ``index_put_`` (what the library does for prefills)."""
+    """The KV write as plain ``index_put_``: with deterministic algorithms on, it sorts its indices."""
     self.k[layer].index_put_((self._rows, slots), k_new.to(self.k.dtype))
     self.v[layer].index_put_((self._rows, slots), v_new.to(self.v.dtype))
+
+
+def one_hot_write(self, layer, k_new, v_new, slots):
+    """The KV write as a one-hot select over the whole layer (decode steps only: one slot per row)."""
+    hit = (torch.arange(self.capacity, device=slots.device)[None, :] == slots)[:, :, None, None]  # (B, T, 1, 1)
+    self.k[layer].copy_(torch.where(hit, k_new.to(self.k.dtype), self.k[layer]))
+    self.v[layer].copy_(torch.where(hit, v_new.to(self.v.dtype), self.v[layer]))
 
 
 def no_write(self, layer, k_new, v_new, slots):
@@ -74,7 +83,8 @@ def main() -> None:
     print(f"{env['device']}, torch {env['torch']}, {env['date']}")
     model = Transformer(CONFIG, seed=0).to(device, dtype=torch.bfloat16).eval()
     library_write = kv_cache.KVCache.write
-    writes = (("one-hot where (library)", library_write), ("index_put_", index_put_write), ("no write", no_write))
+    writes = (("index_put_, distinct indices (library)", library_write), ("index_put_", index_put_write),
+              ("one-hot where", one_hot_write), ("no write", no_write))
     print("| deterministic | KV write | " + " | ".join(f"t = {c}" for c in CONTEXTS) + " |")
     print("|---|---|" + "---|" * len(CONTEXTS))
     with torch.no_grad():

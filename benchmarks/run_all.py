@@ -1,7 +1,8 @@
 """Every benchmark that matters, in one call (about 4 minutes on one H100).
 
 Decode: tiny at batches 1 and 64 against HF generate with its dynamic and its static cache;
-small at batches 1 and 64 against the dynamic cache only (the static cache's compile is slow).
+small at batches 1 and 64 against the dynamic cache only (the static cache's compile is slow). On CUDA,
+chapter 10's decode step with and without the backspace controller (controller_step.py).
 Training step: tiny and small at batch 32 × 256 tokens. BM25 indexing and querying against bm25s and
 rank-bm25 (CPU). DPO step and RL iterations (PPO, RLVR) against TRL (kb_walk,
 the recipes' shape), when TRL is installed (it is not a dependency: see preference.py). On a machine
@@ -23,6 +24,7 @@ from pathlib import Path
 import torch
 
 import bm25
+import controller_step
 import decode
 import distributed
 import preference
@@ -45,6 +47,8 @@ def main(argv=None) -> None:
     if not args.quick:
         decode.main(common + ["--sizes", "small", "--batches", "1,64", "--no-static",
                               "--json", str(out / "decode_small.json")])
+    if torch.cuda.is_available() and not args.quick:
+        controller_step.main(["--json", str(out / "controller_step.json")])
     train_step.main(common + ["--sizes", "tiny" if args.quick else "tiny,small", "--batches", "8" if args.quick else "32",
                               "--json", str(out / "train_step.json")])
     bm25.main((["--quick"] if args.quick else []) + ["--json", str(out / "bm25.json")])

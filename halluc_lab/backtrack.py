@@ -43,6 +43,7 @@ import torch
 from torch import nn
 
 from halluc_lab.data import IGNORE, Encoded
+from halluc_lab.device import distinct_indices
 from halluc_lab.engine import Engine, GenerationResult, generate
 
 Tensor = torch.Tensor
@@ -118,20 +119,20 @@ class BacktrackEngine(Engine):
         active = ~self.finished  # (B,)
         is_bksp = active & (token == self.bksp_id)  # (B,)
         erase = is_bksp & (self.n_out > 0)  # (B,) there is a token to take back
-        # 1. The log: every active row's token, alive unless it is a <bksp>.
-        col = self.n_log[:, None]  # (B, 1)
-        self.log_tokens.scatter_(1, col, token[:, None])
-        self.log_logprobs.scatter_(1, col, logp[:, None])
-        self.log_sampled.scatter_(1, col, ~self.force_mask[:, None])
-        self.log_alive.scatter_(1, col, (active & ~is_bksp)[:, None])
-        # 2. The text: a written token is appended; a <bksp> kills the last surviving one.
-        text_col = self.n_out[:, None]  # (B, 1)
-        self.out_tokens.scatter_(1, text_col, token[:, None])  # past the end for a <bksp> row: never read
-        self.out_logprobs.scatter_(1, text_col, logp[:, None])
-        self.out_sampled.scatter_(1, text_col, ~self.force_mask[:, None])
-        self.alive_at.scatter_(1, text_col, col)
-        last = self.alive_at.gather(1, (self.n_out - 1).clamp_min(0)[:, None])  # (B, 1) log column of the last text token
-        self.log_alive.scatter_(1, last, self.log_alive.gather(1, last) & ~erase[:, None])
+        col, text_col = self.n_log[:, None], self.n_out[:, None]  # (B, 1) each: where this step writes
+        with distinct_indices():  # every write below is one column per row
+            # 1. The log: every active row's token, alive unless it is a <bksp>.
+            self.log_tokens.scatter_(1, col, token[:, None])
+            self.log_logprobs.scatter_(1, col, logp[:, None])
+            self.log_sampled.scatter_(1, col, ~self.force_mask[:, None])
+            self.log_alive.scatter_(1, col, (active & ~is_bksp)[:, None])
+            # 2. The text: a written token is appended; a <bksp> kills the last surviving one.
+            self.out_tokens.scatter_(1, text_col, token[:, None])  # past the end for a <bksp> row: never read
+            self.out_logprobs.scatter_(1, text_col, logp[:, None])
+            self.out_sampled.scatter_(1, text_col, ~self.force_mask[:, None])
+            self.alive_at.scatter_(1, text_col, col)
+            last = self.alive_at.gather(1, (self.n_out - 1).clamp_min(0)[:, None])  # (B, 1) log column of the last text token
+            self.log_alive.scatter_(1, last, self.log_alive.gather(1, last) & ~erase[:, None])
         self.n_out += (active & ~is_bksp).long() - erase.long()
         self.n_log += active.long()
         # 3. The context: keep feeds the <bksp>; erase drops the erased token (and re-feeds the one before it).

@@ -134,6 +134,32 @@ def deterministic(enabled: bool = True) -> Iterator[None]:
         torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = before[1], before[2]
 
 
+@contextlib.contextmanager
+def distinct_indices() -> Iterator[None]:
+    """Deterministic kernels off for the body: for a ``scatter_`` or ``index_put_`` whose indices never repeat.
+
+    With deterministic algorithms on, PyTorch sorts the indices of every ``scatter_``, ``index_put_`` and
+    ``index_copy_`` on CUDA, so that two writes to one element always land in the same order. Writes to
+    distinct elements have no order to fix: the plain kernel gives the same bits, without the sort (a radix
+    sort and about twenty kernels per call). The engine's writes are such: one slot per row, into the KV cache
+    and into each row's record. The caller vouches for the indices; nothing here checks them.
+
+    >>> with deterministic():
+    ...     with distinct_indices():  # row 0 writes column 2, row 1 column 0
+    ...         print(torch.are_deterministic_algorithms_enabled(),
+    ...               torch.zeros(2, 3).scatter_(1, torch.tensor([[2], [0]]), 1.0).tolist())
+    ...     print(torch.are_deterministic_algorithms_enabled())
+    False [[0.0, 0.0, 1.0], [1.0, 0.0, 0.0]]
+    True
+    """
+    before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(False)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+
+
 def set_deterministic(enabled: bool = True) -> None:
     """Deterministic kernels on (or off) for the rest of the process."""
     torch.use_deterministic_algorithms(enabled)

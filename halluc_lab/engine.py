@@ -60,6 +60,7 @@ import torch
 from torch import nn
 
 from halluc_lab import sampling
+from halluc_lab.device import distinct_indices
 from halluc_lab.engine_checks import MAX_STOP_TOKENS, check_count, check_force, check_start, prompt_lists
 from halluc_lab.kv_cache import KVCache, rollback_request
 
@@ -248,9 +249,10 @@ class Engine:
         """Append each active row's ``token`` (B,) and its log-prob ``logp`` (B,); make it pending; stop rows."""
         active = ~self.finished  # (B,)
         col = self.n_out[:, None]  # (B, 1) next output column of each row
-        self.out_tokens.scatter_(1, col, token[:, None])
-        self.out_logprobs.scatter_(1, col, logp[:, None])
-        self.out_sampled.scatter_(1, col, ~self.force_mask[:, None])
+        with distinct_indices():  # one column per row
+            self.out_tokens.scatter_(1, col, token[:, None])
+            self.out_logprobs.scatter_(1, col, logp[:, None])
+            self.out_sampled.scatter_(1, col, ~self.force_mask[:, None])
         self.n_out += active.long()
         self.tok.copy_(torch.where(active, token, self.tok))
         self._finish(active, token, self.n_out)

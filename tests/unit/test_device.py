@@ -93,6 +93,38 @@ def test_deterministic_context_turns_the_kernels_on_and_restores_the_setting():
     assert torch.are_deterministic_algorithms_enabled() == before
 
 
+@pytest.mark.parametrize("warn_only", [False, True])
+def test_distinct_indices_turns_deterministic_kernels_off_and_restores_both_flags(warn_only):
+    before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    try:
+        torch.use_deterministic_algorithms(True, warn_only=warn_only)
+        with pytest.raises(KeyError), dev.distinct_indices():
+            assert not torch.are_deterministic_algorithms_enabled()
+            raise KeyError("the flags come back on an error too")
+        assert torch.are_deterministic_algorithms_enabled()
+        assert torch.is_deterministic_algorithms_warn_only_enabled() == warn_only
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_writes_to_distinct_indices_give_the_deterministic_kernels_bits():
+    g = torch.Generator("cuda").manual_seed(0)
+    rows, cols = 512, 64
+    target = torch.randn(rows, cols, 8, device="cuda", generator=g)
+    index = torch.randint(cols, (rows, 1), device="cuda", generator=g)  # one column per row: distinct
+    src = torch.randn(rows, 1, 8, device="cuda", generator=g)
+    with dev.deterministic(True):
+        sorted_scatter = target.clone().scatter_(1, index[..., None].expand(-1, -1, 8), src)
+        sorted_put = target.clone().index_put_((torch.arange(rows, device="cuda")[:, None], index), src)
+        with dev.distinct_indices():
+            plain_scatter = target.clone().scatter_(1, index[..., None].expand(-1, -1, 8), src)
+            plain_put = target.clone().index_put_((torch.arange(rows, device="cuda")[:, None], index), src)
+    assert torch.equal(sorted_scatter, plain_scatter) and torch.equal(sorted_put, plain_put)
+    assert torch.equal(sorted_scatter, sorted_put)
+
+
 def test_cublas_gets_a_fixed_workspace_before_any_gpu_work():
     import os
 
