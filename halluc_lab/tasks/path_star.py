@@ -1,6 +1,6 @@
 """Path-star graphs: planning is hard, verifying is easy (Bachmann & Nagarajan, 2024).
 
-Chapters 7–8 build the models; chapter 10 (backtracking) uses them. A path-star graph has
+Chapters 7–8 build the models; chapter 10 says why its RL experiment leaves the task out. A path-star graph has
 a centre node with ``degree`` arms; each arm is a path of ``path_length - 1`` further nodes.
 Node labels are drawn at random from ``0 .. n_nodes-1``. The prompt lists the directed
 edges (centre outwards) in random order, then asks for the path from the centre to the end
