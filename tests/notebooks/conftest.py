@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from tests.notebooks.harness import _RUNS, ROOT, run_notebook
+from tests.notebooks.harness import TIMES, run_notebook
 
 
 @pytest.fixture(scope="session")
@@ -29,12 +29,17 @@ def glue(request, notebook_run) -> dict:
     return notebook_run(stem).glue
 
 
+def pytest_configure(config):
+    if not hasattr(config, "workerinput"):  # the main process (pytest-xdist's workers have workerinput)
+        for old in TIMES.glob("*.json"):
+            old.unlink()
+
+
 def pytest_terminal_summary(terminalreporter):
-    if not _RUNS:
+    runs = sorted((json.loads(p.read_text()) for p in TIMES.glob("*.json")), key=lambda r: r["stem"])
+    if not runs:
         return
     terminalreporter.write_sep("-", "notebook smoke runs (papermill)")
-    for run in _RUNS.values():
-        terminalreporter.write_line(f"{run.seconds:7.1f} s  {run.stem}")
-    times = ROOT / "_build" / "notebook-times.json"
-    times.parent.mkdir(exist_ok=True)
-    times.write_text(json.dumps({r.stem: round(r.seconds, 1) for r in _RUNS.values()}, indent=1))
+    for run in runs:
+        terminalreporter.write_line(f"{run['seconds']:7.1f} s  {run['stem']}")
+    (TIMES.parent / "notebook-times.json").write_text(json.dumps({r["stem"]: r["seconds"] for r in runs}, indent=1))
