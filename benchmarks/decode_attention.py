@@ -42,7 +42,10 @@ def index_put_write(self, layer, k_new, v_new, slots):
 
 
 def one_hot_write(self, layer, k_new, v_new, slots):
-    """The KV write as a one-hot select over the whole layer (decode steps only: one slot per row)."""
+    """The KV write as a one-hot select over the whole layer for a decode step (one slot per row); a prefill
+    (several slots per row) as plain ``index_put_``."""
+    if slots.shape[1] > 1:
+        return index_put_write(self, layer, k_new, v_new, slots)
     hit = (torch.arange(self.capacity, device=slots.device)[None, :] == slots)[:, :, None, None]  # (B, T, 1, 1)
     self.k[layer].copy_(torch.where(hit, k_new.to(self.k.dtype), self.k[layer]))
     self.v[layer].copy_(torch.where(hit, v_new.to(self.v.dtype), self.v[layer]))
