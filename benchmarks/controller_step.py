@@ -23,8 +23,8 @@ import argparse
 import sys
 
 import torch
-
 from common import environment, write_json
+
 from halluc_lab import recipes
 from halluc_lab.backtrack import BacktrackEngine
 from halluc_lab.device import deterministic

@@ -1,6 +1,7 @@
 """Test-wide settings: batch mode, a fresh recipe cache, and GPU-only tests skipped without CUDA."""
 
 import os
+import re
 import tempfile
 from pathlib import Path
 
@@ -20,30 +21,52 @@ def pytest_configure(config):
     os.environ.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")
 
 
-def _worker_group(item) -> str:
-    """Which tests must share a pytest-xdist worker (``--dist loadgroup``): a session or module fixture is made once
-    per worker, so a chapter's papermill run, its nbval run and every test reading them go together (keyed by the
-    notebook's stem), as do the book's tests (one build); any other test stays with its file."""
-    path = Path(str(item.path)).resolve()
-    if path.suffix == ".ipynb":  # nbval's cells
-        return path.stem
-    stem = getattr(item, "callspec", None) and item.callspec.params.get("stem")
-    stem = stem or getattr(getattr(item, "module", None), "NOTEBOOK", None)
-    if stem:
-        return stem
-    if Path(ROOT, "tests", "book") in path.parents:
-        return "book"
-    return str(path.relative_to(ROOT))
-
-
 def pytest_collection_modifyitems(config, items):
     import torch
 
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(_worker_group(item)))
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+# -- two workers (pytest-xdist) -------------------------------------------------------------------------------
+CHAPTER_OF = {  # a chapter's test module -> the notebook it reads (its NOTEBOOK = "NN_topic")
+    f"tests/notebooks/{path.name}": m.group(1) for path in Path(ROOT, "tests", "notebooks").glob("test_*.py")
+    for m in [re.search(r'^NOTEBOOK\s*=\s*"([^"]+)"', path.read_text(), re.MULTILINE)] if m}
+
+
+def work_unit(nodeid: str) -> str:
+    """The tests that must run on one worker, named. A session or module fixture is made once per worker, so a
+    chapter's papermill run, its nbval run and every test reading them go together (the notebook's stem), and so
+    do the book's tests (one build); any other test stays with its file.
+
+    >>> work_unit("notebooks/08_sft.ipynb::Cell 3"), work_unit("tests/notebooks/test_sft.py::test_x")
+    ('08_sft', '08_sft')
+    >>> work_unit("tests/notebooks/test_every_notebook.py::test_smoke_run_is_clean[08_sft]")
+    '08_sft'
+    >>> work_unit("tests/book/test_book.py::test_y"), work_unit("tests/unit/test_engine.py::test_z[1]")
+    ('book', 'tests/unit/test_engine.py')
+    """
+    path = nodeid.split("::", 1)[0]
+    if path.endswith(".ipynb"):  # nbval's cells
+        return Path(path).stem
+    if path in CHAPTER_OF:
+        return CHAPTER_OF[path]
+    stem = re.search(r"\[([^\]]+)\]$", nodeid)
+    if path == "tests/notebooks/test_every_notebook.py" and stem and stem.group(1) in CHAPTER_OF.values():
+        return stem.group(1)
+    return "book" if path.startswith("tests/book/") else path
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """pytest-xdist hands each worker whole work units (:func:`work_unit`), as its ``loadscope`` does files."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByWorkUnit(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+    return ByWorkUnit(config, log)
