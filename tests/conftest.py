@@ -1,5 +1,6 @@
 """Test-wide settings: batch mode, a fresh recipe cache, and GPU-only tests skipped without CUDA."""
 
+import json
 import os
 import re
 import tempfile
@@ -19,6 +20,24 @@ def pytest_configure(config):
     os.environ.pop("MPLBACKEND", None)
     os.environ.setdefault("HALLUC_CACHE", tempfile.mkdtemp(prefix="halluc-cache-"))
     os.environ.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")
+    if not hasattr(config, "workerinput"):  # the main process (pytest-xdist's workers have workerinput)
+        from tests.notebooks.harness import TIMES
+
+        for old in TIMES.glob("*.json"):  # the last session's smoke-run times
+            old.unlink()
+
+
+def pytest_terminal_summary(terminalreporter):
+    """How long each chapter's smoke run took, whichever worker ran it (here: the main process sees no test)."""
+    from tests.notebooks.harness import TIMES
+
+    runs = sorted((json.loads(p.read_text()) for p in TIMES.glob("*.json")), key=lambda r: r["stem"])
+    if not runs:
+        return
+    terminalreporter.write_sep("-", "notebook smoke runs (papermill)")
+    for run in runs:
+        terminalreporter.write_line(f"{run['seconds']:7.1f} s  {run['stem']}")
+    (TIMES.parent / "notebook-times.json").write_text(json.dumps({r["stem"]: r["seconds"] for r in runs}, indent=1))
 
 
 def pytest_collection_modifyitems(config, items):

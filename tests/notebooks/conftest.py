@@ -6,11 +6,9 @@ The expectations live in those test modules, never in the notebooks (ARCHITECTUR
 Every notebook runs once per session, however many tests read it.
 """
 
-import json
-
 import pytest
 
-from tests.notebooks.harness import TIMES, run_notebook
+from tests.notebooks.harness import run_notebook
 
 
 @pytest.fixture(scope="session")
@@ -27,19 +25,3 @@ def glue(request, notebook_run) -> dict:
     if stem is None:
         pytest.fail(f"{request.module.__name__} must set NOTEBOOK = 'NN_topic'")
     return notebook_run(stem).glue
-
-
-def pytest_configure(config):
-    if not hasattr(config, "workerinput"):  # the main process (pytest-xdist's workers have workerinput)
-        for old in TIMES.glob("*.json"):
-            old.unlink()
-
-
-def pytest_terminal_summary(terminalreporter):
-    runs = sorted((json.loads(p.read_text()) for p in TIMES.glob("*.json")), key=lambda r: r["stem"])
-    if not runs:
-        return
-    terminalreporter.write_sep("-", "notebook smoke runs (papermill)")
-    for run in runs:
-        terminalreporter.write_line(f"{run['seconds']:7.1f} s  {run['stem']}")
-    (TIMES.parent / "notebook-times.json").write_text(json.dumps({r["stem"]: r["seconds"] for r in runs}, indent=1))
