@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.chapters import SMOKE_TIMES, chapter_modules
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -21,23 +23,19 @@ def pytest_configure(config):
     os.environ.setdefault("HALLUC_CACHE", tempfile.mkdtemp(prefix="halluc-cache-"))
     os.environ.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")
     if not hasattr(config, "workerinput"):  # the main process (pytest-xdist's workers have workerinput)
-        from tests.notebooks.harness import TIMES
-
-        for old in TIMES.glob("*.json"):  # the last session's smoke-run times
+        for old in SMOKE_TIMES.glob("*.json"):  # the previous test run's smoke-run times
             old.unlink()
 
 
 def pytest_terminal_summary(terminalreporter):
     """How long each chapter's smoke run took, whichever worker ran it (here: the main process sees no test)."""
-    from tests.notebooks.harness import TIMES
-
-    runs = sorted((json.loads(p.read_text()) for p in TIMES.glob("*.json")), key=lambda r: r["stem"])
+    runs = sorted((json.loads(p.read_text()) for p in SMOKE_TIMES.glob("*.json")), key=lambda r: r["stem"])
     if not runs:
         return
     terminalreporter.write_sep("-", "notebook smoke runs (papermill)")
     for run in runs:
         terminalreporter.write_line(f"{run['seconds']:7.1f} s  {run['stem']}")
-    (TIMES.parent / "notebook-times.json").write_text(json.dumps({r["stem"]: r["seconds"] for r in runs}, indent=1))
+    (SMOKE_TIMES.parent / "notebook-times.json").write_text(json.dumps({r["stem"]: r["seconds"] for r in runs}, indent=1))
 
 
 def pytest_collection_modifyitems(config, items):
@@ -52,9 +50,7 @@ def pytest_collection_modifyitems(config, items):
 
 
 # -- two workers (pytest-xdist) -------------------------------------------------------------------------------
-CHAPTER_OF = {  # a chapter's test module -> the notebook it reads (its NOTEBOOK = "NN_topic")
-    f"tests/notebooks/{path.name}": m.group(1) for path in Path(ROOT, "tests", "notebooks").glob("test_*.py")
-    for m in [re.search(r'^NOTEBOOK\s*=\s*"([^"]+)"', path.read_text(), re.MULTILINE)] if m}
+CHAPTER_OF = chapter_modules()  # a chapter's test module -> the notebook it reads
 
 
 def _chapter_unit(stem: str) -> str:

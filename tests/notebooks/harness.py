@@ -12,10 +12,10 @@ import papermill
 
 from halluc_lab import notebook
 from halluc_lab.notebook import read_glue
+from tests.chapters import SMOKE_TIMES
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
-TIMES = ROOT / "_build" / "notebook-times"  # one <stem>.json per smoke run of this session, whichever worker ran it
 
 
 def toc_files() -> list[str]:
@@ -53,8 +53,8 @@ def run_notebook(stem: str, out_dir: Path) -> NotebookRun:
         papermill.execute_notebook(str(source), str(target), parameters={"scale": "smoke"},
                                    cwd=str(NOTEBOOKS), progress_bar=False, log_output=False)
         seconds = time.perf_counter() - start
-        TIMES.mkdir(parents=True, exist_ok=True)
-        (TIMES / f"{stem}.json").write_text(json.dumps({"stem": stem, "seconds": round(seconds, 1)}))
+        SMOKE_TIMES.mkdir(parents=True, exist_ok=True)  # whichever worker runs it
+        (SMOKE_TIMES / f"{stem}.json").write_text(json.dumps({"stem": stem, "seconds": round(seconds, 1)}))
         nb = nbformat.read(target, as_version=4)
         _RUNS[stem] = NotebookRun(stem, target, nb, read_glue(nb), seconds)
     return _RUNS[stem]

@@ -1,16 +1,15 @@
 """What every chapter notebook in the book must satisfy (ARCHITECTURE.md §3 and §6)."""
 
 import re
-from pathlib import Path
 
 import nbformat
 import pytest
 
+from tests.chapters import chapter_modules
 from tests.notebooks.harness import NOTEBOOKS, read_glue, toc_notebooks
 
 pytestmark = pytest.mark.notebook
 STEMS = toc_notebooks()
-HERE = Path(__file__).parent
 
 
 def _code_cells(nb):
@@ -23,9 +22,7 @@ def test_the_book_lists_notebooks():
 
 @pytest.mark.parametrize("stem", STEMS)
 def test_notebook_has_a_test_module_with_expectations(stem):
-    declared = {m.group(1) for path in HERE.glob("test_*.py")
-                for m in re.finditer(r'^NOTEBOOK\s*=\s*"([^"]+)"', path.read_text(), re.M)}
-    assert stem in declared, f"no tests/notebooks/test_*.py sets NOTEBOOK = {stem!r}"
+    assert stem in chapter_modules().values(), f"no tests/notebooks/test_*.py sets NOTEBOOK = {stem!r}"
 
 
 @pytest.mark.parametrize("stem", STEMS)
@@ -84,3 +81,13 @@ def test_smoke_run_is_clean(stem, notebook_run):
             kinds = {k for out in cell.get("outputs", []) for k in out.get("data", {})}
             assert not any(k.startswith("image/") for k in kinds), \
                 "a checked cell must not show a figure (nbval would compare its pixels)"
+
+
+@pytest.mark.parametrize("stem", STEMS)
+def test_a_chapters_runs_and_readers_share_one_worker(stem):
+    from tests.conftest import work_unit
+
+    module = next(path for path, s in chapter_modules().items() if s == stem)
+    units = {work_unit(f"notebooks/{stem}.ipynb::Cell 0"), work_unit(f"{module}::test_x"),
+             work_unit(f"tests/notebooks/test_every_notebook.py::test_smoke_run_is_clean[{stem}]")}
+    assert len(units) == 1, f"{stem}'s papermill run, nbval run and tests would be split over workers: {units}"
