@@ -66,8 +66,7 @@ class Rollout(GenerationResult):
 
     def text_lists(self) -> list[list[int]]:
         """What each row finally says: its surviving tokens, in order (the verifier's input)."""
-        return [[t for t, a in zip(row, keep) if a] for row, keep in
-                zip(self.token_lists(), (m[:n] for m, n in zip(self.alive.tolist(), self.lengths.tolist())))]
+        return [[t for t, a in zip(row, keep) if a] for row, keep in zip(self.tokens.tolist(), self.alive.tolist())]
 
     def sampled_lists(self) -> list[list[bool]]:
         """Per row, whether each logged token was sampled (True) or forced by the caller (False)."""
@@ -82,8 +81,7 @@ class BacktrackEngine(Engine):
     """
 
     # A take-back lowers n_out, so a warm-up step may write over text a real row still holds.
-    _STEP_STATE = Engine._STEP_STATE + ("n_log", "log_alive", "alive_at", "out_tokens", "out_logprobs",
-                                        "out_sampled")
+    _STEP_STATE = Engine._STEP_STATE + ("n_log", "log_alive", "alive_at", "out_tokens")
 
     def __init__(self, model: nn.Module, batch_size: int, max_positions: int, *, bksp_id: int,
                  context: str = "erase", allow_bksp: bool = True, dtype: torch.dtype | None = None,
@@ -126,10 +124,9 @@ class BacktrackEngine(Engine):
             self.log_logprobs.scatter_(1, col, logp[:, None])
             self.log_sampled.scatter_(1, col, ~self.force_mask[:, None])
             self.log_alive.scatter_(1, col, (active & ~is_bksp)[:, None])
-            # 2. The text: a written token is appended; a <bksp> kills the last surviving one.
+            # 2. The text: a written token is appended; a <bksp> kills the last surviving one. (Its log-probs and
+            # sampled flags are not kept: a Rollout reports the log's.)
             self.out_tokens.scatter_(1, text_col, token[:, None])  # past the end for a <bksp> row: never read
-            self.out_logprobs.scatter_(1, text_col, logp[:, None])
-            self.out_sampled.scatter_(1, text_col, ~self.force_mask[:, None])
             self.alive_at.scatter_(1, text_col, col)
             last = self.alive_at.gather(1, (self.n_out - 1).clamp_min(0)[:, None])  # (B, 1) log column of the last text token
             self.log_alive.scatter_(1, last, self.log_alive.gather(1, last) & ~erase[:, None])

@@ -430,7 +430,9 @@ class VerifierReward:
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
 
     def __call__(self, prompts: list[list[int]], completions: list[list[int]], **kw) -> list[float]:
-        texts = [self.tok.decode(p[1:] if list(p[:1]) == [self.tok.bos_id] else p) for p in prompts]
+        decoded = {p: self.tok.decode(p[1:] if p[:1] == (self.tok.bos_id,) else p)  # G answers share a prompt
+                   for p in dict.fromkeys(map(tuple, prompts))}
+        texts = [decoded[tuple(p)] for p in prompts]
         rewards = score_answers(self.task, texts, [self.tok.decode(c) for c in completions]).rewards(self.lam)
         if self.bksp_cost == 0:
             return list(rewards)

@@ -37,7 +37,9 @@ import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import chain
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -192,13 +194,49 @@ class RoundRows:
 def round_rows(prompts: Sequence[Sequence[int]], logs: Sequence[Sequence[int]], sampled: Sequence[Sequence[bool]],
                width: int, *, bksp_id: int, context: str, pad_id: int) -> RoundRows:
     """Every sampled token of every rollout as a target in the context it was sampled in
-    (:func:`~halluc_lab.backtrack.training_rows`), and each target's place in a log ``width`` columns wide."""
+    (:func:`~halluc_lab.backtrack.training_rows`), and each target's place in a log ``width`` columns wide.
+
+    In the keep context a rollout's one row is its prompt and its whole log; those rows are laid out for the
+    whole round at once (the rows ``training_rows`` and ``pad`` give, without a Python step per token).
+    """
+    if context == "keep":
+        return _keep_rows(prompts, logs, sampled, width, pad_id)
     seqs, slots = [], []
     for i, (prompt, toks, flags) in enumerate(zip(prompts, logs, sampled)):
         seqs += training_rows(prompt, toks, flags, bksp_id, context)
         slots += [i * width + j for j, s in enumerate(flags) if s]  # training_rows keeps the log's order
     batch = pad(seqs, pad_id)
     return RoundRows(batch.input_ids, batch.labels, torch.tensor(slots, dtype=torch.long), (len(logs), width))
+
+
+def _ragged(lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Row and column of each element of rows ``lengths`` long, laid end to end."""
+    row = np.repeat(np.arange(len(lengths)), lengths)
+    return row, np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+
+
+def _keep_rows(prompts, logs, sampled, width: int, pad_id: int) -> RoundRows:
+    """:func:`round_rows` in the keep context: row i is ``prompts[i] + logs[i]``, right-padded, its targets the
+    sampled log tokens."""
+    n_prompt, n_log = (np.fromiter(map(len, x), dtype=np.int64, count=len(x)) for x in (prompts, logs))
+    if len(prompts) != len(logs) or len(sampled) != len(logs):
+        raise ValueError(f"prompts, logs and sampled must be as long, got {len(prompts)}, {len(logs)}, {len(sampled)}")
+    if not logs or not n_prompt.all():
+        raise ValueError("every rollout needs a prompt of at least one token (<bos>)")
+    if any(len(t) != len(s) for t, s in zip(logs, sampled)):
+        raise ValueError("each rollout's tokens and sampled flags must have one length")
+    R, W = len(logs), int((n_prompt + n_log).max())
+    ids = np.full((R, W), pad_id, dtype=np.int64)
+    labels = np.full((R, W), IGNORE, dtype=np.int64)
+    row, col = _ragged(n_prompt + n_log)
+    ids[row, col] = np.fromiter(chain.from_iterable(chain(p, t) for p, t in zip(prompts, logs)), dtype=np.int64,
+                                count=len(row))
+    row, col = _ragged(n_log)  # the logs' tokens: targets where sampled
+    flags = np.fromiter(chain.from_iterable(sampled), dtype=bool, count=len(row))
+    tokens = np.fromiter(chain.from_iterable(logs), dtype=np.int64, count=len(row))
+    labels[row[flags], n_prompt[row[flags]] + col[flags]] = tokens[flags]
+    return RoundRows(torch.from_numpy(ids), torch.from_numpy(labels), torch.from_numpy(row[flags] * width + col[flags]),
+                     (R, width))
 
 
 def log_logprobs(model: nn.Module, rows: RoundRows, banned: Sequence[int] = ()) -> Tensor:
@@ -322,7 +360,10 @@ def _gather(samples: RoundSamples) -> RoundSamples:
 
 def _pad_flags(flags: list[list[bool]], width: int) -> Tensor:
     """``(N, width)`` bool: each row's flags, then False."""
-    return torch.tensor([f + [False] * (width - len(f)) for f in flags], dtype=torch.bool).view(len(flags), width)
+    out = np.zeros((len(flags), width), dtype=bool)
+    row, col = _ragged(np.fromiter(map(len, flags), dtype=np.int64, count=len(flags)))
+    out[row, col] = np.fromiter(chain.from_iterable(flags), dtype=bool, count=len(row))
+    return torch.from_numpy(out)
 
 
 def _record(hist: RLVRHistory, rewards: Tensor, samples: RoundSamples, kl: float, tok: Tokenizer, G: int) -> None:

@@ -230,7 +230,7 @@ class Task:
         for name, value in (("correct_reward", correct_reward), ("abstain_reward", abstain_reward),
                             ("wrong_reward", wrong_reward)):
             check_finite(name, value)
-        return [exact_reward(completion_symbols(self.gold(p)), completion_symbols(c),
-                             correct_reward=correct_reward, abstain_reward=abstain_reward,
-                             wrong_reward=wrong_reward)
+        gold = {p: completion_symbols(self.gold(p)) for p in dict.fromkeys(prompts)}  # G answers share a prompt
+        return [exact_reward(gold[p], completion_symbols(c), correct_reward=correct_reward,
+                             abstain_reward=abstain_reward, wrong_reward=wrong_reward)
                 for p, c in zip(prompts, completions)]

@@ -11,8 +11,8 @@ import torch
 
 from halluc_lab import recipes
 from halluc_lab import rlvr as rlvr_module
-from halluc_lab.backtrack import CONTEXTS, rollout
-from halluc_lab.data import IGNORE
+from halluc_lab.backtrack import CONTEXTS, rollout, training_rows
+from halluc_lab.data import IGNORE, pad
 from halluc_lab.device import deterministic
 from halluc_lab.model import ModelConfig, Transformer
 from halluc_lab.reward_model import VerifierReward
@@ -79,6 +79,29 @@ def test_round_rows_give_the_engines_log_probs_of_rollouts_with_sampled_take_bac
         assert rows.input_ids.shape[0] == 12  # one row per rollout
     else:
         assert rows.input_ids.shape[0] > 12  # each <bksp> closes a branch of its own
+
+
+def test_keep_rows_of_a_round_are_training_rows_padded_with_their_slots_in_order():
+    """The keep context's rows are laid out for the whole round at once: the same tensors as training_rows + pad."""
+    g = torch.Generator().manual_seed(0)
+    draw = lambda lo, hi: int(torch.randint(lo, hi + 1, (), generator=g))  # noqa: E731
+    for _ in range(50):
+        R, width = draw(1, 12), draw(1, 9)
+        ps = [[1, *torch.randint(5, 30, (draw(0, 6),), generator=g).tolist()] for _ in range(R)]
+        logs = [torch.randint(0, 30, (draw(0, width),), generator=g).tolist() for _ in range(R)]
+        flags = [(torch.rand(len(t), generator=g) < 0.8).tolist() for t in logs]
+        rows = round_rows(ps, logs, flags, width, bksp_id=BKSP, context="keep", pad_id=0)
+        seqs = [r for p, t, f in zip(ps, logs, flags) for r in training_rows(p, t, f, BKSP, "keep")]
+        expected = pad(seqs, 0)
+        assert torch.equal(rows.input_ids, expected.input_ids) and torch.equal(rows.labels, expected.labels)
+        assert rows.slot.tolist() == [i * width + j for i, f in enumerate(flags) for j, s in enumerate(f) if s]
+        assert rows.shape == (R, width) and rows.slot.dtype == torch.long
+        assert torch.equal(rlvr_module._pad_flags(flags, width),
+                           torch.tensor([f + [False] * (width - len(f)) for f in flags]).view(R, width))
+    with pytest.raises(ValueError, match="prompt"):
+        round_rows([[]], [[5]], [[True]], 2, bksp_id=BKSP, context="keep", pad_id=0)
+    with pytest.raises(ValueError, match="one length"):
+        round_rows([[1]], [[5, 6]], [[True]], 2, bksp_id=BKSP, context="keep", pad_id=0)
 
 
 @pytest.mark.parametrize("context", CONTEXTS)
