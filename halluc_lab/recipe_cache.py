@@ -288,8 +288,15 @@ _USED: dict[tuple[str, str, str], None] = {}  # (name, scale, key) of each recip
 
 
 def used() -> list[tuple[str, str]]:
-    """``(name, key)`` of every recipe loaded in this process, first use first (a notebook's footer lists them)."""
+    """``(name, key)`` of every recipe loaded in this process and of the recipes it started from, first use first,
+    parents before children (a notebook's footer lists them). The same list whether they were trained now or read
+    from the cache."""
     return [(name, k) for name, _, k in _USED]
+
+
+def _lineage(recipe: Recipe) -> list[Recipe]:
+    """The recipe's chain from its pre-training root down to itself."""
+    return ([] if recipe.parent is None else _lineage(recipe.parent)) + [recipe]
 
 
 def load_recipe(recipe: Recipe, device: torch.device | str, dtype: torch.dtype = torch.float32, *,
@@ -314,7 +321,8 @@ def load_recipe(recipe: Recipe, device: torch.device | str, dtype: torch.dtype =
                 _train(recipe, path, device, dtype, verbose and main)
                 trained_now = True
     out = _read(path, recipe, device, trained_now)
-    _USED[recipe.name, recipe.scale, os.path.basename(path)] = None
+    for r in _lineage(recipe):  # a cached recipe's parents were not loaded, but its weights come from them
+        _USED[r.name, r.scale, os.path.basename(directory(r, dtype))] = None
     if verbose and not trained_now and distributed.is_main():
         print(f"{recipe.name} ({recipe.scale}): loaded from the cache (trained in {out.seconds:.0f} s)")
     return out

@@ -54,9 +54,8 @@ CHAPTER_OF = chapter_modules()  # a chapter's test module -> the notebook it rea
 
 
 def _chapter_unit(stem: str) -> str:
-    # Chapters 8 on share the SFT models, and chapter 8's reproducibility test needs its first run to train them
-    # itself, as in the book's order (its footer lists the models a run loaded, parents included only when it
-    # trained them): they run on one worker, in book order.
+    # Chapters 8 on share the SFT models: they run on one worker, in book order, so each model is trained once
+    # by the chapter that introduces it and no worker waits on the other's lock for most of its run.
     return "chapters 8-" if int(stem[:2]) >= 8 else stem
 
 

@@ -69,13 +69,14 @@ def test_every_name_exists_at_smoke_scale_and_sft_starts_from_its_pretraining():
         if r.parent is not None:
             # path_star's backspace SFT and its control continue from clean SFT (recipes.TASK_PLANS says why)
             # and chapter 9's preference stages start from clean SFT, their reference policy; chapter 10's RLVR
-            # from clean SFT (<bksp> masked) or from backspace SFT (<bksp> allowed)
+            # from clean SFT (<bksp> masked) or from backspace SFT (<bksp> allowed), and its RSFT and DPO from the
+            # two backspace models
             task, stage = name.split("-", 1)
             parent = (f"{task}-sft-clean" if name in ("path_star-sft-backspace", "path_star-sft-continued")
                       or stage in ("dpo", "rsft", "rsft-soft", "ppo", "rlhf", "rlhf-agreeable", "rlvr", "sft-own-errors",
                                    "sft-corrections")
-                      else f"{task}-sft-backspace" if stage == "rlvr-bksp"
-                      else f"{task}-sft-own-errors" if stage == "rlvr-own"
+                      else f"{task}-sft-backspace" if stage in ("rlvr-bksp", "rsft-bksp", "dpo-bksp")
+                      else f"{task}-sft-own-errors" if stage in ("rlvr-own", "rsft-own", "dpo-own")
                       else f"{task}-sft-corrections" if stage == "rlvr-corrections" else f"{task}-pretrain")
             assert r.parent == recipes.get(parent, "smoke") and r.model == r.parent.model
             assert r.pretraining == recipes.get(name.split("-")[0] + "-pretrain", "smoke")  # the replay corpus
@@ -318,6 +319,16 @@ def test_a_recipe_trains_on_first_use_and_loads_afterwards(cache):
     assert {(tiny().name, recipes.key(tiny())), (tiny_sft().name, recipes.key(tiny_sft()))} <= set(recipes.used())
 
 
+def test_the_used_list_names_a_cached_recipes_parents_as_training_it_does(cache, monkeypatch):
+    monkeypatch.setattr(recipe_cache, "_USED", {})  # a fresh process
+    recipes.load_recipe(tiny_sft(), CPU)  # trains the parent, then the recipe
+    trained = list(recipes.used())
+    monkeypatch.setattr(recipe_cache, "_USED", {})  # a new process, everything cached
+    loaded = recipes.load_recipe(tiny_sft(), CPU)
+    assert not loaded.trained_now
+    assert recipes.used() == trained == [(tiny().name, recipes.key(tiny())), (tiny_sft().name, recipes.key(tiny_sft()))]
+
+
 def test_load_is_quiet_by_default_and_verbose_says_one_line_per_recipe_without_paths(cache, capsys):
     recipes.load_recipe(tiny_sft(), CPU)
     assert capsys.readouterr() == ("", "")
@@ -533,6 +544,19 @@ def test_the_preference_stages_draw_the_same_samples_of_their_clean_sft_model(sc
         assert dpo.stage.samples == best.stage.samples == soft.stage.samples == 8
         assert dpo.train.lr < best.train.lr < dpo.parent.train.lr  # preference tuning runs below the SFT rate
     assert "path_star-dpo" not in recipes.NAMES  # no preference stage where the plan gives none
+
+
+@pytest.mark.parametrize("scale", recipes.SCALES)
+def test_chapter_10s_rsft_and_dpo_are_chapter_9s_from_the_backspace_models(scale):
+    for task in ("kb_walk", "arithmetic"):
+        for method in ("rsft", "dpo"):
+            base = recipes.get(f"{task}-{method}", scale)
+            for suffix, parent in (("bksp", "sft-backspace"), ("own", "sft-own-errors")):
+                r = recipes.get(f"{task}-{method}-{suffix}", scale)
+                assert r.parent == recipes.get(f"{task}-{parent}", scale)  # matched: only the start differs
+                assert (r.stage, r.train, r.seed, r.batch_size, r.seq_len) == (base.stage, base.train, base.seed,
+                                                                                base.batch_size, base.seq_len)
+    assert not any(n.startswith(("sycophancy-rsft", "path_star-dpo")) for n in recipes.NAMES)
 
 
 # -- chapter 11: SFT on retrieved context ----------------------------------------------------------------
