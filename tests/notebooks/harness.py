@@ -12,9 +12,8 @@ import papermill
 
 from halluc_lab import notebook
 from halluc_lab.notebook import read_glue
-from tests.chapters import SMOKE_TIMES
+from tests.chapters import ROOT, SMOKE_TIMES
 
-ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
 
 
