@@ -2,15 +2,24 @@
 
     python scripts/reproduce.py                      # scale=auto into _build/runs, then a book
     python scripts/reproduce.py --scale full --out /tmp/runs --only 03_sampling --no-book
+    python scripts/reproduce.py --scale full --jobs 12 --no-book   # every chapter at once, GPUs in turn
     python scripts/reproduce.py --adopt /tmp/runs    # copy full-scale runs over notebooks/
 
 Runs never write over the committed notebooks; only ``--adopt`` does, and only with
 runs whose metadata says they were made at scale=full (ARCHITECTURE.md §3).
+
+``--jobs N`` runs N chapters at once, each in its own process, the longest (by the committed run's
+time) first. The chapters share the recipe cache, whose entries are locked while they train: a chapter
+that needs a model another chapter is training waits for it and then reads it. On a machine with several
+GPUs the chapters take them in turn (chapter i sees the GPUs rotated to start at GPU i mod n, so its own
+work and the first of its spread-out seeds land there). The models are small and their steps launch-bound,
+so chapters at once also help on one GPU. ``times.json`` gets each chapter's time and the book's.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import shutil
@@ -28,13 +37,17 @@ sys.path.insert(0, str(ROOT))
 from halluc_lab.notebook import RUN_KEYS, read_glue, toc_notebooks  # noqa: E402
 
 
-def run(stem: str, out: Path, scale: str, seed: int) -> float:
-    """Execute one chapter into ``out`` and record its run in the notebook's metadata."""
+NOTEBOOKS = ROOT / "notebooks"
+
+
+def run(stem: str, out: Path, scale: str, seed: int, at_once: int = 1, notebooks: Path = NOTEBOOKS) -> float:
+    """Execute ``notebooks/<stem>.ipynb`` into ``out`` and record its run in the notebook's metadata (``at_once``:
+    how many chapters ran at the same time, so that its time is read as what it is)."""
     target = out / f"{stem}.ipynb"
     start = time.perf_counter()
-    papermill.execute_notebook(str(ROOT / "notebooks" / f"{stem}.ipynb"), str(target),
+    papermill.execute_notebook(str(notebooks / f"{stem}.ipynb"), str(target),
                                parameters={"scale": scale, "seed": seed},
-                               cwd=str(ROOT / "notebooks"), progress_bar=False)
+                               cwd=str(notebooks), progress_bar=False)
     seconds = time.perf_counter() - start
     nb = nbformat.read(target, as_version=4)
     glued = read_glue(nb)
@@ -43,9 +56,86 @@ def run(stem: str, out: Path, scale: str, seed: int) -> float:
     nb.cells = [c for c in nb.cells if "injected-parameters" not in c.metadata.get("tags", [])]
     nb.metadata["halluc_lab"] = {key: glued[f"run_{key}"] for key in RUN_KEYS}
     nb.metadata["halluc_lab"].update(parameters={"scale": scale, "seed": seed}, seconds=round(seconds, 1))
+    if at_once > 1:
+        nb.metadata["halluc_lab"]["chapters_at_once"] = at_once
     nb.metadata.pop("papermill", None)  # papermill's own record names the temporary paths
     nbformat.write(nb, target)
     return seconds
+
+
+def committed_seconds(stem: str, notebooks: Path = NOTEBOOKS) -> float:
+    """How long the committed run of a chapter took (0 if it records none)."""
+    meta = nbformat.read(notebooks / f"{stem}.ipynb", as_version=4).metadata.get("halluc_lab", {})
+    return float(meta.get("seconds") or 0)
+
+
+def visible_gpus() -> list[str]:
+    """The GPUs this process may use, as ``CUDA_VISIBLE_DEVICES`` names them (none without CUDA)."""
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is not None:
+        return [g.strip() for g in listed.split(",") if g.strip()]
+    import torch
+
+    return [str(i) for i in range(torch.cuda.device_count())]
+
+
+def gpu_order(i: int, gpus: list[str]) -> str | None:
+    """``CUDA_VISIBLE_DEVICES`` for the i-th chapter started: every GPU, rotated to start at GPU i mod n.
+
+    >>> [gpu_order(i, ["0", "1", "2"]) for i in range(4)]
+    ['0,1,2', '1,2,0', '2,0,1', '0,1,2']
+    >>> gpu_order(5, []) is None
+    True
+    """
+    if not gpus:
+        return None
+    k = i % len(gpus)
+    return ",".join(gpus[k:] + gpus[:k])
+
+
+def _run_chapter(stem: str, out: Path, scale: str, seed: int, at_once: int, gpus: str | None, notebooks: Path):
+    """One chapter in a worker process, on the GPUs ``gpus``: (seconds, None) or (None, the error)."""
+    if gpus is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = gpus  # the kernel papermill starts inherits it
+    try:
+        return run(stem, out, scale, seed, at_once, notebooks), None
+    except papermill.PapermillExecutionError as err:
+        return None, f"cell {err.exec_count}: {err.ename}: {err.evalue}"
+
+
+def run_all(stems: list[str], out: Path, scale: str, seed: int, jobs: int,
+            notebooks: Path = NOTEBOOKS) -> tuple[dict[str, float], list[str]]:
+    """Run the chapters, ``jobs`` at a time; the times of those that ran, the stems of those that failed."""
+    times, failed = {}, []
+
+    def record(stem: str, seconds: float | None, error: str | None) -> None:
+        if error is not None:  # keep going: the other chapters still run
+            failed.append(stem)
+            print(f"{stem}: FAILED in {error} (its partial run is in {out})", flush=True)
+            return
+        times[stem] = round(seconds, 1)
+        print(f"{stem}: {seconds:.1f} s", flush=True)
+        (out / "times.json").write_text(json.dumps(times, indent=1))
+
+    if jobs == 1:
+        for stem in stems:
+            print(f"running {stem} at scale={scale} ...", flush=True)
+            record(stem, *_run_chapter(stem, out, scale, seed, 1, None, notebooks))
+        return times, failed
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    order = sorted(stems, key=lambda s: committed_seconds(s, notebooks), reverse=True)  # the longest first
+    gpus = visible_gpus()
+    print(f"running {len(order)} chapters at scale={scale}, {jobs} at a time"
+          + (f", on {len(gpus)} GPU{'s' * (len(gpus) > 1)}" if gpus else ""), flush=True)
+    # spawn: a fresh interpreter per worker, each setting its own CUDA_VISIBLE_DEVICES before a chapter starts
+    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = {pool.submit(_run_chapter, stem, out, scale, seed, jobs, gpu_order(i, gpus), notebooks): stem
+                   for i, stem in zip(itertools.count(), order)}
+        for future in as_completed(futures):
+            record(futures[future], *future.result())
+    return times, failed
 
 
 def build_book(runs: Path) -> Path:
@@ -73,7 +163,7 @@ def adopt(runs: Path, stems: list[str]) -> None:
         meta = nbformat.read(source, as_version=4).metadata.get("halluc_lab", {})
         if meta.get("scale") != "full":
             raise SystemExit(f"{source} was run at scale={meta.get('scale')!r}; only full-scale runs are adopted")
-        shutil.copy2(source, ROOT / "notebooks" / source.name)
+        shutil.copy2(source, NOTEBOOKS / source.name)
         print(f"adopted {stem}: {meta}")
 
 
@@ -84,6 +174,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "_build" / "runs")
     parser.add_argument("--only", nargs="*", help="notebook stems to run (default: every chapter)")
     parser.add_argument("--no-book", action="store_true", help="skip building a book from the runs")
+    parser.add_argument("--jobs", type=int, default=1, help="chapters at once, each in its own process (default 1)")
     parser.add_argument("--adopt", type=Path, metavar="RUNS", help="copy full-scale runs over notebooks/")
     args = parser.parse_args()
 
@@ -92,26 +183,22 @@ def main() -> None:
     if unknown:
         raise SystemExit(f"not in _toc.yml: {sorted(unknown)}; chapters are {stems}")
     stems = [s for s in stems if not args.only or s in args.only]
+    if args.jobs < 1:
+        raise SystemExit(f"--jobs must be at least 1, got {args.jobs}")
     if args.adopt:
         adopt(args.adopt, stems)
         return
 
     os.environ["HALLUC_BATCH"] = "1"  # no progress bars in recorded outputs
     os.environ.pop("MPLBACKEND", None)  # the kernels' inline backend: with Agg, plt.show() records no figure
-    if args.out.resolve() == (ROOT / "notebooks").resolve():
+    if args.out.resolve() == NOTEBOOKS.resolve():
         raise SystemExit("--out must not be notebooks/: runs never overwrite committed notebooks")
     args.out.mkdir(parents=True, exist_ok=True)
-    times, failed = {}, []
-    for stem in stems:
-        print(f"running {stem} at scale={args.scale} ...", flush=True)
-        try:
-            times[stem] = round(run(stem, args.out, args.scale, args.seed), 1)
-        except papermill.PapermillExecutionError as err:  # keep going: the other chapters still run
-            failed.append(stem)
-            print(f"  FAILED in cell {err.exec_count}: {err.ename}: {err.evalue}", flush=True)
-            continue
-        print(f"  {times[stem]:.1f} s", flush=True)
-        (args.out / "times.json").write_text(json.dumps(times, indent=1))
+    start = time.perf_counter()
+    times, failed = run_all(stems, args.out, args.scale, args.seed, min(args.jobs, len(stems)))
+    book = time.perf_counter() - start
+    print(f"{len(times)} chapter{'s' * (len(times) != 1)} in {book:.1f} s", flush=True)
+    (args.out / "times.json").write_text(json.dumps({**times, "book": round(book, 1)}, indent=1))
     if failed:
         raise SystemExit(f"failed: {failed} (their partial runs are in {args.out})")
     if not args.no_book:

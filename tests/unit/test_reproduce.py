@@ -1,0 +1,78 @@
+"""scripts/reproduce.py: the GPUs each chapter of a concurrent run is given, the order chapters start in, and a
+real two-at-once run of a tiny fixture notebook with papermill."""
+
+import json
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts"))  # importable by name: the spawned workers import it too
+
+import reproduce  # noqa: E402
+
+FIXTURE = ROOT / "tests" / "fixtures" / "reproduce_demo.ipynb"
+
+
+def test_each_chapter_sees_every_gpu_rotated_to_start_at_its_own():
+    orders = [reproduce.gpu_order(i, ["0", "1", "2", "3"]) for i in range(5)]
+    assert orders == ["0,1,2,3", "1,2,3,0", "2,3,0,1", "3,0,1,2", "0,1,2,3"]
+    assert reproduce.gpu_order(3, []) is None  # no GPU: the environment is left alone
+
+
+def test_visible_gpus_follow_cuda_visible_devices(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2, 5")
+    assert reproduce.visible_gpus() == ["2", "5"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert reproduce.visible_gpus() == []
+
+
+def fixture_chapters(folder: Path, seconds: dict[str, float]) -> Path:
+    """Copies of the fixture named after ``seconds``' keys, each recording that committed run time."""
+    folder.mkdir()
+    for stem, s in seconds.items():
+        nb = nbformat.read(FIXTURE, as_version=4)
+        nb.metadata["halluc_lab"] = {"seconds": s}
+        nbformat.write(nb, folder / f"{stem}.ipynb")
+    return folder
+
+
+def test_a_concurrent_run_starts_the_longest_first_and_hands_out_the_gpus_in_turn(tmp_path, monkeypatch):
+    notebooks = fixture_chapters(tmp_path / "nb", {"short": 1.0, "long": 50.0, "middle": 7.0})
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,6")  # never opened: the fixture imports no CUDA
+    out = tmp_path / "runs"
+    out.mkdir()
+    times, failed = reproduce.run_all(["short", "long", "middle"], out, "smoke", 3, jobs=2, notebooks=notebooks)
+    assert failed == [] and sorted(times) == ["long", "middle", "short"]
+    assert json.loads((out / "times.json").read_text()).keys() == times.keys()
+    gpus = {}
+    for stem in times:
+        nb = nbformat.read(out / f"{stem}.ipynb", as_version=4)
+        meta = nb.metadata["halluc_lab"]
+        assert meta["parameters"] == {"scale": "smoke", "seed": 3} and meta["chapters_at_once"] == 2
+        assert meta["seed"] == 3 and not any("injected-parameters" in c.metadata.get("tags", []) for c in nb.cells)
+        gpus[stem] = next(o["data"]["application/papermill.record/text/plain"] for c in nb.cells
+                          for o in c.get("outputs", []) if o.get("metadata", {}).get("scrapbook", {}).get("name") == "gpus")
+    assert gpus == {"long": "'4,6'", "middle": "'6,4'", "short": "'4,6'"}  # started in that order
+
+
+def test_a_failed_chapter_is_reported_and_the_others_still_run_one_at_a_time_too(tmp_path):
+    notebooks = fixture_chapters(tmp_path / "nb", {"fine": 1.0, "broken": 2.0})
+    nb = nbformat.read(notebooks / "broken.ipynb", as_version=4)
+    nb.cells.append(nbformat.v4.new_code_cell('raise ValueError("no such model")'))
+    nbformat.write(nb, notebooks / "broken.ipynb")
+    out = tmp_path / "runs"
+    out.mkdir()
+    times, failed = reproduce.run_all(["broken", "fine"], out, "smoke", 0, jobs=1, notebooks=notebooks)
+    assert failed == ["broken"] and list(times) == ["fine"]
+    assert "chapters_at_once" not in nbformat.read(out / "fine.ipynb", as_version=4).metadata["halluc_lab"]
+
+
+@pytest.mark.parametrize("jobs", ["0", "-2"])
+def test_fewer_than_one_job_is_refused_before_anything_runs(jobs, tmp_path, monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["reproduce.py", "--jobs", jobs, "--out", str(tmp_path / "runs")])
+    with pytest.raises(SystemExit, match=f"--jobs must be at least 1, got {jobs}"):
+        reproduce.main()
+    assert not (tmp_path / "runs").exists()
