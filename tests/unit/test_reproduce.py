@@ -12,6 +12,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))  # importable by name: the spawned workers import it too
 
 import reproduce  # noqa: E402
+from halluc_lab.notebook import read_glue  # noqa: E402
 
 FIXTURE = ROOT / "tests" / "fixtures" / "reproduce_demo.ipynb"
 
@@ -53,9 +54,8 @@ def test_a_concurrent_run_starts_the_longest_first_and_hands_out_the_gpus_in_tur
         meta = nb.metadata["halluc_lab"]
         assert meta["parameters"] == {"scale": "smoke", "seed": 3} and meta["chapters_at_once"] == 2
         assert meta["seed"] == 3 and not any("injected-parameters" in c.metadata.get("tags", []) for c in nb.cells)
-        gpus[stem] = next(o["data"]["application/papermill.record/text/plain"] for c in nb.cells
-                          for o in c.get("outputs", []) if o.get("metadata", {}).get("scrapbook", {}).get("name") == "gpus")
-    assert gpus == {"long": "'4,6'", "middle": "'6,4'", "short": "'4,6'"}  # started in that order
+        gpus[stem] = read_glue(nb)["gpus"]
+    assert gpus == {"long": "4,6", "middle": "6,4", "short": "4,6"}  # started in that order
 
 
 def test_a_failed_chapter_is_reported_and_the_others_still_run_one_at_a_time_too(tmp_path):
