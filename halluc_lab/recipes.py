@@ -178,8 +178,10 @@ STAGE_PLANS = {
 # Chapter 10: chapter 9's RSFT and DPO from the two backspace starting points (random errors, the model's own
 # errors), with the same samples, steps and rates. Their samples may hold <bksp>, which stays in the context (as
 # those models were trained) and which the verifier applies before it judges: a kept or preferred sample teaches
-# its take-backs.
-for _suffix, _parent in (("bksp", "sft-backspace"), ("own", "sft-own-errors")):
+# its take-backs. And from the own-errors arm's control (the same gold answers, no take-back), which separates
+# what the take-back does from what the corrections' information does.
+_SUFFIX_PARENTS = (("bksp", "sft-backspace"), ("own", "sft-own-errors"), ("corrections", "sft-corrections"))
+for _suffix, _parent in _SUFFIX_PARENTS:
     for _method in ("rsft", "dpo"):
         STAGE_PLANS[f"{_method}-{_suffix}"] = dataclasses.replace(STAGE_PLANS[_method], parent=_parent)
 STAGES = tuple(STAGE_PLANS)
@@ -191,7 +193,7 @@ _PREFERENCE_STEPS = {"smoke": {"dpo": 40, "rsft": 9, "rsft-soft": 9, "ppo": 8, "
                      "full": {"dpo": 60, "rsft": 8, "rsft-soft": 8, "ppo": 48, "rlvr": 100, "rlvr-bksp": 100,
                               "sft-own-errors": 40, "rlvr-own": 100, "sft-corrections": 40, "rlvr-corrections": 100}}
 for _steps in _PREFERENCE_STEPS.values():  # chapter 10's RSFT and DPO from the backspace models: chapter 9's steps
-    _steps |= {f"{method}-{suffix}": _steps[method] for method in ("rsft", "dpo") for suffix in ("bksp", "own")}
+    _steps |= {f"{method}-{suffix}": _steps[method] for method in ("rsft", "dpo") for suffix, _ in _SUFFIX_PARENTS}
 # PPO's rounds: 64 prompts × 8 rollouts at full scale, 2 epochs of 2 minibatches each (rounds: the steps above).
 _PPO = {"smoke": PPOConfig(prompts_per_iteration=16, samples_per_prompt=8, kl_coef=0.1, value_lr=3e-4),
         "full": PPOConfig(prompts_per_iteration=64, samples_per_prompt=8, kl_coef=0.1, value_lr=1e-4)}

@@ -70,14 +70,16 @@ def test_every_name_exists_at_smoke_scale_and_sft_starts_from_its_pretraining():
             # path_star's backspace SFT and its control continue from clean SFT (recipes.TASK_PLANS says why)
             # and chapter 9's preference stages start from clean SFT, their reference policy; chapter 10's RLVR
             # from clean SFT (<bksp> masked) or from backspace SFT (<bksp> allowed), and its RSFT and DPO from the
-            # two backspace models
+            # two backspace models and the own-errors model's control
             task, stage = name.split("-", 1)
             parent = (f"{task}-sft-clean" if name in ("path_star-sft-backspace", "path_star-sft-continued")
                       or stage in ("dpo", "rsft", "rsft-soft", "ppo", "rlhf", "rlhf-agreeable", "rlvr", "sft-own-errors",
                                    "sft-corrections")
                       else f"{task}-sft-backspace" if stage in ("rlvr-bksp", "rsft-bksp", "dpo-bksp")
                       else f"{task}-sft-own-errors" if stage in ("rlvr-own", "rsft-own", "dpo-own")
-                      else f"{task}-sft-corrections" if stage == "rlvr-corrections" else f"{task}-pretrain")
+                      else f"{task}-sft-corrections"
+                      if stage in ("rlvr-corrections", "rsft-corrections", "dpo-corrections")
+                      else f"{task}-pretrain")
             assert r.parent == recipes.get(parent, "smoke") and r.model == r.parent.model
             assert r.pretraining == recipes.get(name.split("-")[0] + "-pretrain", "smoke")  # the replay corpus
     assert recipes.get("kb_walk-sft-backspace", "smoke").stage.backspace == BackspaceConfig(rate=0.1)
@@ -547,11 +549,12 @@ def test_the_preference_stages_draw_the_same_samples_of_their_clean_sft_model(sc
 
 
 @pytest.mark.parametrize("scale", recipes.SCALES)
-def test_chapter_10s_rsft_and_dpo_are_chapter_9s_from_the_backspace_models(scale):
+def test_chapter_10s_rsft_and_dpo_are_chapter_9s_from_the_backspace_models_and_the_control(scale):
     for task in ("kb_walk", "arithmetic"):
         for method in ("rsft", "dpo"):
             base = recipes.get(f"{task}-{method}", scale)
-            for suffix, parent in (("bksp", "sft-backspace"), ("own", "sft-own-errors")):
+            for suffix, parent in (("bksp", "sft-backspace"), ("own", "sft-own-errors"),
+                                   ("corrections", "sft-corrections")):
                 r = recipes.get(f"{task}-{method}-{suffix}", scale)
                 assert r.parent == recipes.get(f"{task}-{parent}", scale)  # matched: only the start differs
                 assert (r.stage, r.train, r.seed, r.batch_size, r.seq_len) == (base.stage, base.train, base.seed,
