@@ -19,7 +19,6 @@ so chapters at once also help on one GPU. ``times.json`` gets each chapter's tim
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import os
 import shutil
@@ -132,7 +131,7 @@ def run_all(stems: list[str], out: Path, scale: str, seed: int, jobs: int,
     # spawn: a fresh interpreter per worker, each setting its own CUDA_VISIBLE_DEVICES before a chapter starts
     with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
         futures = {pool.submit(_run_chapter, stem, out, scale, seed, jobs, gpu_order(i, gpus), notebooks): stem
-                   for i, stem in zip(itertools.count(), order)}
+                   for i, stem in enumerate(order)}
         for future in as_completed(futures):
             record(futures[future], *future.result())
     return times, failed
