@@ -192,7 +192,7 @@ _PREFERENCE_STEPS = {"smoke": {"dpo": 40, "rsft": 9, "rsft-soft": 9, "ppo": 8, "
                                "sft-own-errors": 24, "rlvr-own": 16, "sft-corrections": 24, "rlvr-corrections": 16},
                      "full": {"dpo": 60, "rsft": 8, "rsft-soft": 8, "ppo": 48, "rlvr": 100, "rlvr-bksp": 100,
                               "sft-own-errors": 40, "rlvr-own": 100, "sft-corrections": 40, "rlvr-corrections": 100}}
-for _steps in _PREFERENCE_STEPS.values():  # chapter 10's RSFT and DPO from the backspace models: chapter 9's steps
+for _steps in _PREFERENCE_STEPS.values():  # chapter 10's RSFT and DPO (_SUFFIX_PARENTS): chapter 9's steps
     _steps |= {f"{method}-{suffix}": _steps[method] for method in ("rsft", "dpo") for suffix, _ in _SUFFIX_PARENTS}
 # PPO's rounds: 64 prompts × 8 rollouts at full scale, 2 epochs of 2 minibatches each (rounds: the steps above).
 _PPO = {"smoke": PPOConfig(prompts_per_iteration=16, samples_per_prompt=8, kl_coef=0.1, value_lr=3e-4),
