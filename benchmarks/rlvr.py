@@ -23,6 +23,9 @@ term: the RLVR recipes' setting and TRL's default).
   kernels and ``autocast_dtype``, as the recipe stage runs it. Rollouts come from the backspace controller
   (:func:`halluc_lab.backtrack.rollout`: one prefill per prompt copied to its G rows, a sampled ``<bksp>``
   taking back the last token inside the decode step, a CUDA graph of that step on CUDA); the update is eager.
+  On CUDA it is timed twice: as the recipe stage runs it, and with ``fused_decode=True`` (the decode step
+  compiled by ``torch.compile`` before its graph is captured: fewer kernels, other low bits, so not the
+  setting the book's chapters train with; its first iteration, a warm-up, compiles).
   With one minibatch π_old is the step's own log-probs, detached (no extra forward), but the round still
   scores the reference once (no gradient): the KL to it is measured every round, β = 0 or not.
 - *TRL*: ``GRPOTrainer`` with ``loss_type="grpo"`` (TRL's default is ``"dapo"``, a token-level average over
@@ -141,18 +144,24 @@ def lab_rl(model, tok, verifier, prompts: list[tuple[int, ...]], cfg: RLVRConfig
 def lab_rollouts(model, tok, prompts: list[tuple[int, ...]], cfg: RLVRConfig, device, dtype,
                  repeats: int) -> list[dict]:
     """One round's rollouts alone (as the iteration draws them, then the whole budget in every row) and the
-    engine's greedy generation of the same rows: the fastest of ``repeats`` calls each."""
+    engine's greedy generation of the same rows: the fastest of ``repeats`` calls each; on CUDA also with the
+    fused decode step."""
     model = copy.deepcopy(model).to(device).eval()
     batch, G, M = prompts[:cfg.prompts_per_iteration], cfg.samples_per_prompt, cfg.max_new_tokens
     generator = torch.Generator(device).manual_seed(0)
-    draws = {
-        "rollout (as in the iteration)": lambda: rollout(
-            model, batch, M, bksp_id=tok.bksp_id, context=cfg.context, allow_bksp=cfg.allow_bksp,
-            stop_tokens=(tok.eos_id,), generator=generator, dtype=dtype, n_samples=G),
-        "rollout, whole budget": lambda: rollout(
-            model, batch, M, bksp_id=tok.bksp_id, context=cfg.context, allow_bksp=cfg.allow_bksp,
-            generator=generator, dtype=dtype, n_samples=G),
-        "greedy generate, whole budget": lambda: generate(model, batch, M, greedy=True, dtype=dtype, n_samples=G)}
+
+    def draws_of(fused: bool, label: str) -> dict:
+        return {
+            f"rollout{label} (as in the iteration)": lambda: rollout(
+                model, batch, M, bksp_id=tok.bksp_id, context=cfg.context, allow_bksp=cfg.allow_bksp,
+                stop_tokens=(tok.eos_id,), generator=generator, dtype=dtype, n_samples=G, fused=fused),
+            f"rollout{label}, whole budget": lambda: rollout(
+                model, batch, M, bksp_id=tok.bksp_id, context=cfg.context, allow_bksp=cfg.allow_bksp,
+                generator=generator, dtype=dtype, n_samples=G, fused=fused),
+            f"greedy generate{label}, whole budget": lambda: generate(
+                model, batch, M, greedy=True, dtype=dtype, n_samples=G, fused=fused)}
+
+    draws = draws_of(False, "") | (draws_of(True, ", fused") if device.type == "cuda" else {})
     rows = []
     with deterministic():
         for what, draw in draws.items():
@@ -161,6 +170,13 @@ def lab_rollouts(model, tok, prompts: list[tuple[int, ...]], cfg: RLVRConfig, de
             rows.append({"what": what, "rows": len(batch) * G, "ms": 1000 * seconds, "tokens": tokens,
                          "tok/s": tokens / seconds})
     return rows
+
+
+def lab_arms(cfg: RLVRConfig, device) -> dict[str, RLVRConfig]:
+    """The lab's settings to time, by the suffix of their row: as the recipe runs, and on CUDA with the decode
+    step fused (``fused_decode``: compiled before its graph is captured)."""
+    fused = {", fused decode": dataclasses.replace(cfg, fused_decode=True)} if device.type == "cuda" else {}
+    return {"": cfg} | fused
 
 
 # -- TRL ----------------------------------------------------------------------------------------------
@@ -249,8 +265,8 @@ def main(argv=None) -> dict:
 
     with tempfile.TemporaryDirectory() as hf_dir:  # the same weights for TRL, as a Hugging Face folder
         save_pretrained(model, hf_dir, bos_token_id=tok.bos_id, eos_token_id=tok.eos_id, pad_token_id=tok.pad_id)
-        lab = attempt(lambda: lab_rl(model, tok, verifier, ids, cfg, device, dtype, warmup, iterations),
-                      name="lab RLVR")
+        labs = {what: attempt(lambda: lab_rl(model, tok, verifier, ids, arm, device, dtype, warmup, iterations),
+                              name=f"lab {what}") for what, arm in lab_arms(cfg, device).items()}
         peer = attempt(lambda: trl_rl(trl, hf_dir, tok, verifier, [e.prompt for e in examples], cfg, device, warmup,
                                       iterations), name="TRL GRPO")
     repeats = max(5, iterations)
@@ -258,9 +274,10 @@ def main(argv=None) -> dict:
 
     env = {**environment(device), "trl": trl.__version__, "datasets": datasets.__version__}
     get = lambda r, k: r[k] if isinstance(r, dict) else r  # a failed side's entry is its error
-    rows = [{"what": "RL iteration", "lab ms": get(lab, "ms"), "TRL ms": get(peer, "ms"), "lab /s": get(lab, "per_s"),
-             "TRL /s": get(peer, "per_s"), "lab/TRL": ratio(get(peer, "ms"), get(lab, "ms")), "timed": get(lab, "n"),
-             "lab": lab, "trl": peer}]
+    rows = [{"what": f"RL iteration{what}", "lab ms": get(lab, "ms"), "TRL ms": get(peer, "ms"),
+             "lab /s": get(lab, "per_s"), "TRL /s": get(peer, "per_s"), "lab/TRL": ratio(get(peer, "ms"), get(lab, "ms")),
+             "timed": get(lab, "n"), "lab": lab, "trl": peer} for what, lab in labs.items()]
+    lab = labs[""]
     N = cfg.prompts_per_iteration * cfg.samples_per_prompt
     precision = "fp32" if dtype == torch.float32 else "bf16 autocast"
     print_markdown(f"{RECIPE} {scale} ({shape.model.n_layers} × {shape.model.hidden_size}), {precision}, median ms "
@@ -272,9 +289,10 @@ def main(argv=None) -> dict:
           f"{cfg.max_new_tokens} new tokens, one GRPO step an iteration; mean completion {mean_len(lab)} tokens "
           f"(lab), {mean_len(peer)} (TRL)")
     lines = []
-    if isinstance(rows[0]["lab/TRL"], float):
-        lines.append(f"RL iteration: lab/TRL = {rows[0]['lab/TRL']:.2f} (target ≥ 10) "
-                     f"{'met' if rows[0]['lab/TRL'] >= 10 else 'NOT met'}")
+    for row in rows:
+        if isinstance(row["lab/TRL"], float):
+            lines.append(f"{row['what']}: lab/TRL = {row['lab/TRL']:.2f} (target ≥ 10) "
+                         f"{'met' if row['lab/TRL'] >= 10 else 'NOT met'}")
     if isinstance(draws, list):
         for d in draws:
             d["share of iteration"] = ratio(d["ms"], get(lab, "ms"))
@@ -283,10 +301,11 @@ def main(argv=None) -> dict:
         if isinstance(lab, dict):  # measured apart: on a busy CPU the share can even pass 1
             print(f"\nthe lab's rollouts alone take {draws[0]['ms'] / lab['ms']:.0%} of its iteration; the rest: "
                   f"scoring the rollouts with the reference and the policy, the reward, the update")
-        speed = ratio(draws[1]["tok/s"], draws[2]["tok/s"])
-        if isinstance(speed, float):
-            lines.append(f"rollouts with <bksp> / greedy generate, tokens/s at batch {N} = {speed:.3f} (target ≥ 0.9 "
-                         f"at batch ≥ 64) {'met' if speed >= 0.9 else 'NOT met'}")
+        for k in range(0, len(draws), 3):  # each kind of step: its whole-budget rollouts against its greedy ones
+            speed = ratio(draws[k + 1]["tok/s"], draws[k + 2]["tok/s"])
+            if isinstance(speed, float):
+                lines.append(f"{draws[k + 1]['what']} / {draws[k + 2]['what']}, tokens/s at batch {N} = {speed:.3f} "
+                             f"(target ≥ 0.9 at batch ≥ 64) {'met' if speed >= 0.9 else 'NOT met'}")
     print("\n" + "\n".join(lines))
     payload = {"benchmark": "rlvr", **env, "scale": scale, "task": TASK, "recipe": RECIPE,
                "model": dataclasses.asdict(shape.model), "rlvr": dataclasses.asdict(cfg) | {"iterations": iterations},

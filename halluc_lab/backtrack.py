@@ -85,8 +85,8 @@ class BacktrackEngine(Engine):
 
     def __init__(self, model: nn.Module, batch_size: int, max_positions: int, *, bksp_id: int,
                  context: str = "erase", allow_bksp: bool = True, dtype: torch.dtype | None = None,
-                 cuda_graph: bool | None = None) -> None:
-        super().__init__(model, batch_size, max_positions, dtype=dtype, cuda_graph=cuda_graph)
+                 cuda_graph: bool | None = None, fused: bool = False) -> None:
+        super().__init__(model, batch_size, max_positions, dtype=dtype, cuda_graph=cuda_graph, fused=fused)
         if isinstance(bksp_id, bool) or not isinstance(bksp_id, int) or not 0 <= bksp_id < self.vocab_size:
             raise ValueError(f"bksp_id must be a token id in [0, {self.vocab_size - 1}], got {bksp_id!r}")
         _check_context(context)
@@ -162,16 +162,17 @@ def rollout(model: nn.Module, prompts: Sequence[Sequence[int]] | Tensor, max_new
             context: str = "erase", allow_bksp: bool = True, temperature: float = 1.0, top_k: int | None = None,
             top_p: float | None = None, greedy: bool = False, stop_tokens: Sequence[int] = (),
             generator: torch.Generator | None = None, dtype: torch.dtype | None = None,
-            n_samples: int = 1) -> Rollout:
+            n_samples: int = 1, fused: bool = False) -> Rollout:
     """Continue each prompt by up to ``max_new_tokens`` emitted tokens, ``<bksp>`` taking back the last one.
 
     Arguments as :func:`halluc_lab.engine.generate` (``n_samples`` = G rows per prompt from one prefill,
-    prompt-major), and ``bksp_id``, ``context`` and ``allow_bksp`` as :class:`BacktrackEngine`. Same
+    prompt-major), and ``bksp_id``, ``context``, ``allow_bksp`` and ``fused`` as :class:`BacktrackEngine`. Same
     generator state, same rollouts.
     """
     return generate(model, prompts, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy,
                     stop_tokens=stop_tokens, generator=generator, dtype=dtype, n_samples=n_samples,
-                    engine_type=BacktrackEngine, bksp_id=bksp_id, context=context, allow_bksp=allow_bksp)
+                    engine_type=BacktrackEngine, bksp_id=bksp_id, context=context, allow_bksp=allow_bksp,
+                    fused=fused)
 
 
 # -- reading a log back ---------------------------------------------------------------------------------

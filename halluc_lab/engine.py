@@ -32,7 +32,10 @@ cache to G rows, prompt-major (nanochat's engine does the same); the prefill com
 (``logits_to_keep``), since the first step computes the ones it needs.
 
 On CUDA the step is captured once as a CUDA graph per sampling setting and replayed: all its
-bookkeeping stays on the device, so a decode step is one ``replay()`` from Python. An engine has
+bookkeeping stays on the device, so a decode step is one ``replay()`` from Python. ``fused=True``
+compiles the step with ``torch.compile`` before the capture, so the graph replays fewer, fused kernels
+(Triton's); their sums run in another order, so the numbers differ in their low bits from the unfused
+step's, and a sampled token can differ where two are nearly tied. The book's chapters decode unfused. An engine has
 a fixed batch size; :func:`generate` keeps engines for batch sizes rounded up to a power of two
 (the graph buckets) and fills unused rows with finished dummies. A graph reads the weights where
 they are, so training them in place between generations is fine; weights replaced by new tensors
@@ -51,6 +54,7 @@ Where the code departs from the documents:
 from __future__ import annotations
 
 import math
+import warnings
 import weakref
 from collections.abc import Mapping, Sequence
 from contextlib import nullcontext
@@ -66,6 +70,9 @@ from halluc_lab.kv_cache import KVCache, rollback_request
 
 Tensor = torch.Tensor
 MAX_ENGINES_PER_MODEL = 6  # engine_for keeps this many engines (kinds × batch buckets × lengths) per model
+# torch.compile guards a compiled step on its engine, so each fused engine and sampling setting compiles once;
+# past dynamo's limit (8 by default) it would fall back to the unfused step with a warning.
+FUSED_RECOMPILE_LIMIT = 64
 NO_LOGITS = torch.zeros(0, dtype=torch.long)  # logits_to_keep for a prefill: no position's logits are used
 
 
@@ -106,14 +113,15 @@ class Engine:
 
     ``batch_size`` rows of at most ``max_positions`` tokens each (prompt + generated). ``dtype``:
     the cache's dtype and compute dtype (default: the weights'; a different one runs the model under
-    autocast). ``cuda_graph``: capture the decode step (default: on CUDA devices).
+    autocast). ``cuda_graph``: capture the decode step (default: on CUDA devices). ``fused``: compile the
+    step before capturing it (module docstring; needs the graph, so a CUDA device).
     """
 
     # Buffers a step writes that the warm-up before a capture must leave as they were.
     _STEP_STATE = ("tok", "n_out", "finished", "stopped", "force_tok", "force_mask")
 
     def __init__(self, model: nn.Module, batch_size: int, max_positions: int, *,
-                 dtype: torch.dtype | None = None, cuda_graph: bool | None = None) -> None:
+                 dtype: torch.dtype | None = None, cuda_graph: bool | None = None, fused: bool = False) -> None:
         weight = model.embed_tokens.weight
         self._model, self.device = weakref.ref(model), weight.device
         self._keep = model  # a strong reference, dropped by engine_for (see there)
@@ -122,6 +130,13 @@ class Engine:
         self.use_graph = (self.device.type == "cuda") if cuda_graph is None else bool(cuda_graph)
         if self.use_graph and self.device.type != "cuda":
             raise ValueError(f"cuda_graph=True needs a model on a CUDA device, the model is on {self.device}")
+        if not isinstance(fused, bool):
+            raise TypeError(f"fused must be a bool, got {fused!r}")
+        if fused and not self.use_graph:
+            raise ValueError("fused=True compiles the step for its CUDA graph: it needs a model on a CUDA device "
+                             f"and cuda_graph left on (the model is on {self.device}, cuda_graph={cuda_graph})")
+        self.fused = fused
+        self._fused_body = None  # the compiled step, made at the first capture
         self.cache = KVCache.for_model(model.config, batch_size, max_positions, dtype=self.dtype, device=self.device)
         self.cache.static = self.use_graph  # graphs need the same shapes at every step
         B, T, dev = batch_size, max_positions, self.device
@@ -287,8 +302,20 @@ class Engine:
             with torch.no_grad(), self._autocast():
                 self._step_body()
 
+    def _body(self):
+        """The step to capture: :meth:`_step_body`, compiled once if the engine is fused."""
+        if not self.fused:
+            return self._step_body
+        if self._fused_body is None:
+            config = torch._dynamo.config
+            config.recompile_limit = max(config.recompile_limit, FUSED_RECOMPILE_LIMIT)
+            self._fused_body = torch.compile(self._step_body, dynamic=False)
+        return self._fused_body
+
     def _capture(self) -> torch.cuda.CUDAGraph:
-        """Warm up on a side stream, capture one step, then put every buffer and the generator back."""
+        """Warm up on a side stream (compiling a fused step), capture one step, then put every buffer and the
+        generator back."""
+        body = self._body()
         saved = {name: getattr(self, name).clone() for name in self._STEP_STATE}
         saved_lengths, saved_bound = self.cache.lengths.clone(), self.cache.bound
         saved_rng = self.generator.get_state()
@@ -298,14 +325,16 @@ class Engine:
             graph.register_generator_state(self.generator)  # replays draw fresh numbers from it
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.no_grad(), self._autocast():
+        with torch.no_grad(), self._autocast(), warnings.catch_warnings():
+            # Inductor suggests TF32 for float32 matmuls, which would change the numbers: not taken.
+            warnings.filterwarnings("ignore", message="TensorFloat32 tensor cores")
             with torch.cuda.stream(stream):
                 for _ in range(2):
-                    self._step_body()
+                    body()
             torch.cuda.current_stream(self.device).wait_stream(stream)
             pool = next(iter(self._graphs.values())).pool() if self._graphs else None
             with torch.cuda.graph(graph, pool=pool):
-                self._step_body()
+                body()
         torch.cuda.synchronize(self.device)
         for name, value in saved.items():
             getattr(self, name).copy_(value)

@@ -341,6 +341,44 @@ def test_cuda_graph_group_fan_out_equals_the_eager_one_and_repeated_prompts():
     torch.testing.assert_close(graphed.logprobs, eager.logprobs, atol=1e-4, rtol=0)
 
 
+def test_a_fused_engine_needs_a_cuda_graph_and_a_bool():
+    with pytest.raises(ValueError, match="fused=True .* CUDA device"):
+        Engine(tiny(), 2, 32, fused=True)  # the CPU: no graph to compile for
+    with pytest.raises(TypeError, match="fused must be a bool"):
+        Engine(tiny(), 2, 32, fused=1)
+
+
+@pytest.mark.gpu
+def test_fused_step_scores_forced_tokens_as_the_unfused_one_to_float32_rounding():
+    """Teacher-forced, both steps see the same contexts: the fused kernels sum in another order, so the log-probs
+    agree to rounding, not bit for bit; forcing, rollback and stop bookkeeping are the same."""
+    model, ps = tiny().cuda(), prompts(6)
+    forced = torch.randint(0, V, (12, 6), generator=torch.Generator().manual_seed(1)).tolist()
+    results = []
+    for fused in (False, True):
+        eng = Engine(model, 8, 64, fused=fused)
+        eng.start(ps, 12, TOP_P, stop_tokens=(forced[9][3],), generator=torch.Generator("cuda").manual_seed(5))
+        for step in forced[:10]:
+            eng.step(force=dict(enumerate(step)))
+        eng.rollback([0, 4], [2, 1])
+        for step in forced[10:]:
+            eng.step(force=dict(enumerate(step)))
+        results.append(eng.result())
+    plain, fused = results
+    assert fused.token_lists() == plain.token_lists()
+    assert torch.equal(fused.stopped, plain.stopped) and torch.equal(fused.sampled_mask, plain.sampled_mask)
+    torch.testing.assert_close(fused.logprobs, plain.logprobs, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.gpu
+def test_fused_greedy_generation_equals_the_unfused_one_where_no_token_is_nearly_tied():
+    model, ps = tiny().cuda(), prompts(8)
+    plain = generate(model, ps, 16, greedy=True)
+    fused = generate(model, ps, 16, greedy=True, fused=True)
+    assert fused.token_lists() == plain.token_lists()  # fp32, a tiny model: no two logits within rounding
+    torch.testing.assert_close(fused.logprobs, plain.logprobs, atol=1e-4, rtol=1e-4)
+
+
 @pytest.mark.gpu
 def test_bf16_engine_on_cuda_picks_what_fp32_scores_about_the_same():
     model = tiny().cuda()
