@@ -143,6 +143,7 @@ class RLVRConfig:
     beta: float = 0.0  # weight of the k3 KL term to the reference in the loss (0: none)
     context: str = "keep"  # what a <bksp> leaves in the context: "keep" or "erase" (halluc_lab.backtrack)
     allow_bksp: bool = True  # False: <bksp> is masked out of rollouts and of the policy's log-probs
+    fused_decode: bool = False  # compile the rollouts' decode step (CUDA only; halluc_lab.engine: other low bits)
 
     def __post_init__(self):
         for name in ("iterations", "prompts_per_iteration", "max_new_tokens", "minibatches"):
@@ -158,8 +159,9 @@ class RLVRConfig:
             raise ValueError(f"beta must be a finite number >= 0, got {self.beta!r}")
         if self.context not in CONTEXTS:
             raise ValueError(f"context must be one of {CONTEXTS}, got {self.context!r}")
-        if not isinstance(self.allow_bksp, bool):
-            raise TypeError(f"allow_bksp must be a bool, got {self.allow_bksp!r}")
+        for name in ("allow_bksp", "fused_decode"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if self.prompts_per_iteration % self.minibatches:
             raise ValueError(f"prompts_per_iteration={self.prompts_per_iteration} must split into "
                              f"minibatches={self.minibatches} equal shares of whole groups")
@@ -199,6 +201,12 @@ def round_rows(prompts: Sequence[Sequence[int]], logs: Sequence[Sequence[int]], 
     In the keep context a rollout's one row is its prompt and its whole log; those rows are laid out for the
     whole round at once (the rows ``training_rows`` and ``pad`` give, without a Python step per token).
     """
+    if len(prompts) != len(logs) or len(sampled) != len(logs):
+        raise ValueError(f"prompts, logs and sampled must be as long, got {len(prompts)}, {len(logs)}, {len(sampled)}")
+    if not logs:
+        raise ValueError("a round needs at least one rollout")
+    if max(map(len, logs)) > width:
+        raise ValueError(f"a log of {max(map(len, logs))} tokens does not fit in width={width} columns")
     if context == "keep":
         return _keep_rows(prompts, logs, sampled, width, pad_id)
     seqs, slots = [], []
@@ -216,12 +224,10 @@ def _ragged(lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _keep_rows(prompts, logs, sampled, width: int, pad_id: int) -> RoundRows:
-    """:func:`round_rows` in the keep context: row i is ``prompts[i] + logs[i]``, right-padded, its targets the
-    sampled log tokens."""
+    """:func:`round_rows` in the keep context (its arguments checked there): row i is ``prompts[i] + logs[i]``,
+    right-padded, its targets the sampled log tokens."""
     n_prompt, n_log = (np.fromiter(map(len, x), dtype=np.int64, count=len(x)) for x in (prompts, logs))
-    if len(prompts) != len(logs) or len(sampled) != len(logs):
-        raise ValueError(f"prompts, logs and sampled must be as long, got {len(prompts)}, {len(logs)}, {len(sampled)}")
-    if not logs or not n_prompt.all():
+    if not n_prompt.all():
         raise ValueError("every rollout needs a prompt of at least one token (<bos>)")
     if any(len(t) != len(s) for t, s in zip(logs, sampled)):
         raise ValueError("each rollout's tokens and sampled flags must have one length")
@@ -344,7 +350,8 @@ def _sample(policy: nn.Module, prompts: list, reward: Reward, cfg: RLVRConfig, t
     """G rollouts of each prompt from one prefill, and their rewards."""
     G = cfg.samples_per_prompt
     out = rollout(policy, prompts, cfg.max_new_tokens, bksp_id=tok.bksp_id, context=cfg.context,
-                  allow_bksp=cfg.allow_bksp, stop_tokens=(tok.eos_id,), generator=generator, dtype=dtype, n_samples=G)
+                  allow_bksp=cfg.allow_bksp, stop_tokens=(tok.eos_id,), generator=generator, dtype=dtype, n_samples=G,
+                  fused=cfg.fused_decode)
     logs = out.token_lists()
     scores = [float(r) for r in reward([list(p) for p in prompts for _ in range(G)], logs)]
     if len(scores) != len(logs) or not all(math.isfinite(r) for r in scores):

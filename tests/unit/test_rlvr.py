@@ -105,6 +105,17 @@ def test_keep_rows_of_a_round_are_training_rows_padded_with_their_slots_in_order
 
 
 @pytest.mark.parametrize("context", CONTEXTS)
+@pytest.mark.parametrize("args, match", [
+    (([], [], [], 2), "at least one rollout"),
+    (([[1]], [[5, 6, 7]], [[True] * 3], 2), "3 tokens does not fit in width=2"),  # would spill into the next row
+    (([[1], [1]], [[5]], [[True]], 2), "as long"),
+])
+def test_round_rows_refuse_an_empty_round_a_log_wider_than_the_width_and_ragged_lists(context, args, match):
+    with pytest.raises(ValueError, match=match):
+        round_rows(*args, bksp_id=BKSP, context=context, pad_id=0)
+
+
+@pytest.mark.parametrize("context", CONTEXTS)
 def test_forced_tokens_are_context_not_targets_and_get_no_log_prob(context):
     model, ps = tiny(bksp_boost=2.0), prompts(4)
     out = run(model, ps, context, forced=FORCED, steps=14, n_samples=2)
@@ -189,6 +200,7 @@ def test_the_verifier_refuses_a_negative_or_odd_lambda_or_bksp_cost(kb, bad):
     ({"samples_per_prompt": True}, ValueError, "samples_per_prompt"),
     ({"context": "undo"}, ValueError, "context"),
     ({"allow_bksp": 1}, TypeError, "allow_bksp"),
+    ({"fused_decode": "yes"}, TypeError, "fused_decode"),
     ({"prompts_per_iteration": 6, "minibatches": 4}, ValueError, "minibatches=4 equal shares"),
     ({"beta": -0.1}, ValueError, "beta"),
     ({"beta": math.nan}, ValueError, "beta"),
@@ -406,6 +418,20 @@ def test_rlvr_on_cuda_in_bf16_raises_the_reward_and_repeats_exactly():
     assert all(math.isfinite(x) for series in dataclasses.asdict(hist).values() for x in series)
     again, policy_again = train_toy(GRPO(), device=cuda, minibatches=2)
     assert again == hist and same_weights(policy, policy_again)
+
+
+@pytest.mark.gpu
+def test_rlvr_with_fused_rollouts_raises_the_reward_and_repeats_exactly():
+    cuda = torch.device("cuda")
+    hist, policy = train_toy(GRPO(), device=cuda, fused_decode=True)
+    assert mean(hist.reward[-5:]) > mean(hist.reward[:5]) + 0.4
+    again, policy_again = train_toy(GRPO(), device=cuda, fused_decode=True)
+    assert again == hist and same_weights(policy, policy_again)  # compiled kernels are deterministic too
+
+
+def test_fused_rollouts_are_refused_on_the_cpu():
+    with pytest.raises(ValueError, match="fused=True"):
+        train_toy(GRPO(), fused_decode=True, iterations=1)
 
 
 # -- the recipe stage -----------------------------------------------------------------------------------------------
