@@ -124,14 +124,14 @@ def seed_everything(seed: int) -> None:
 @contextlib.contextmanager
 def deterministic(enabled: bool = True) -> Iterator[None]:
     """Run the body with deterministic kernels (or without them), restoring the previous setting after."""
-    before = (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.benchmark,
-              torch.backends.cudnn.deterministic)
+    before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
+              torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic)
     set_deterministic(enabled)
     try:
         yield
     finally:
-        torch.use_deterministic_algorithms(before[0])
-        torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = before[1], before[2]
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+        torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = before[2], before[3]
 
 
 @contextlib.contextmanager

@@ -224,11 +224,9 @@ def code_modules(recipe: Recipe, source: Callable[[str], str] | None = None) -> 
     """
     source = source or _read_source
     roots = {__name__, train.__module__, Transformer.__module__, hf_convert.__name__}  # what _train calls
-    r = recipe
-    while r is not None:
+    for r in _lineage(recipe):
         for obj in (r, r.stage, r.task, r.model, r.stage.loss(r), r.stage.prepare(r)):
             roots.add(getattr(obj, "__module__", None) or type(obj).__module__)
-        r = r.parent
     todo, seen = [m for m in roots if _is_lab_module(m)], set()
     while todo:
         m = todo.pop()

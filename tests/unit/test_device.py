@@ -93,6 +93,20 @@ def test_deterministic_context_turns_the_kernels_on_and_restores_the_setting():
     assert torch.are_deterministic_algorithms_enabled() == before
 
 
+@pytest.mark.parametrize("enabled", [False, True])
+def test_deterministic_context_restores_the_warn_only_flag_too(enabled):
+    from halluc_lab.device import deterministic
+
+    before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    try:
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        with deterministic(enabled):
+            pass
+        assert torch.are_deterministic_algorithms_enabled() and torch.is_deterministic_algorithms_warn_only_enabled()
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+
+
 @pytest.mark.parametrize("warn_only", [False, True])
 def test_distinct_indices_turns_deterministic_kernels_off_and_restores_both_flags(warn_only):
     before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
