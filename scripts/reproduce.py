@@ -190,6 +190,9 @@ def main() -> None:
 
     os.environ["HALLUC_BATCH"] = "1"  # no progress bars in recorded outputs
     os.environ.pop("MPLBACKEND", None)  # the kernels' inline backend: with Agg, plt.show() records no figure
+    # Chapter 11's bm25s imports JAX where it is installed, and JAX takes most of a GPU's memory at its first use
+    # by default: with chapters running beside it, their allocations (and JAX's own) would fail.
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     if args.out.resolve() == NOTEBOOKS.resolve():
         raise SystemExit("--out must not be notebooks/: runs never overwrite committed notebooks")
     args.out.mkdir(parents=True, exist_ok=True)
