@@ -294,8 +294,9 @@ def main(argv=None) -> dict:
             lines.append(f"{row['what']}: lab/TRL = {row['lab/TRL']:.2f} (target ≥ 10) "
                          f"{'met' if row['lab/TRL'] >= 10 else 'NOT met'}")
     if isinstance(draws, list):
-        for d in draws:
-            d["share of iteration"] = ratio(d["ms"], get(lab, "ms"))
+        for d in draws:  # of the iteration that draws them: fused rollouts of the fused arm's
+            arm = labs.get(", fused decode") if ", fused" in d["what"] else lab
+            d["share of iteration"] = ratio(d["ms"], get(arm, "ms"))
         print_markdown(f"the lab's rollouts alone, one round's {N} rows (the fastest of {repeats} calls)",
                        draws, ["what", "rows", "ms", "tokens", "tok/s", "share of iteration"])
         if isinstance(lab, dict):  # measured apart: on a busy CPU the share can even pass 1
