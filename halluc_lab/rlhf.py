@@ -20,7 +20,7 @@ returns; then ``epochs`` passes of ``minibatches`` clipped updates train policy 
 Why graphs. The lab's models are small, so an eager forward and backward is mostly the host launching
 kernels (about 15 ms a minibatch for the 4 × 256 model on an H100, whatever its size). On CUDA the round's
 scoring (three forwards, KL, GAE, whitening) and the minibatch update (two forwards, one backward, two
-clippings, two fused AdamW steps) are each captured once and replayed (:func:`halluc_lab.step.capture_graph`).
+clippings, two fused AdamW steps) are each captured once and replayed (:class:`halluc_lab.step.Graphs`).
 Graphs need fixed shapes: every rollout row is padded to the longest prompt plus the answer budget, and
 the rollouts split into equal minibatches (``PPOConfig`` checks). Nothing in a round waits for the device
 but the engine's token read-back and one read of the round's statistics. ``cuda_graph=False`` runs the
@@ -56,7 +56,7 @@ from halluc_lab.preference import preference_examples
 from halluc_lab.progress import progress
 from halluc_lab.reward_model import (AgreeableAnnotator, BradleyTerryLoss, LearnedReward, PreferencePairs, Reward,
                                      RewardModel, SampleGroups, VerifierReward, build_pairs, check_rate, sample_groups)
-from halluc_lab.step import autocast, capture_graph, make_optimizer
+from halluc_lab.step import Graphs, autocast, make_optimizer
 from halluc_lab.tasks import make_task
 from halluc_lab.tasks.base import check_count
 from halluc_lab.train import History, TrainConfig, train
@@ -130,18 +130,7 @@ class _Rounds:
         opt = lambda m, lr: make_optimizer(m, TrainConfig(lr=lr, betas=(0.9, 0.999), weight_decay=0.0),
                                            capturable=self.device.type == "cuda")
         self.optimizers = [opt(policy, cfg.lr), opt(value, cfg.value_lr)]
-        self.graphs = {} if cuda_graph else None
-
-    def _run(self, name: str, body, optimizers=()):
-        """``body()`` eagerly, or its graph (captured on the first call, undoing the warm-up's steps of
-        ``optimizers``) replayed; its outputs."""
-        if self.graphs is None:
-            return body()
-        if name not in self.graphs:
-            self.graphs[name] = capture_graph(body, optimizers)
-        graph, out = self.graphs[name]
-        graph.replay()
-        return out
+        self.graphs = Graphs(cuda_graph)
 
     @torch.no_grad()
     def _score_body(self) -> dict:
@@ -166,7 +155,7 @@ class _Rounds:
     def score(self, input_ids, labels, scores) -> dict:
         for name, new in (("input_ids", input_ids), ("labels", labels), ("scores", scores)):
             self.rows[name].copy_(new)
-        return self._run("score", self._score_body)
+        return self.graphs.run("score", self._score_body)
 
     def _update_body(self) -> torch.Tensor:
         cfg, b = self.cfg, self.mini
@@ -189,8 +178,8 @@ class _Rounds:
         for name, src in (("input_ids", self.rows["input_ids"]), ("labels", self.rows["labels"]),
                           ("logp_old", scored["logp_old"]), ("adv", scored["adv"]), ("returns", scored["returns"])):
             torch.index_select(src, 0, idx, out=self.mini[name])
-        out = self._run("update", self._update_body, self.optimizers)
-        if self.graphs is None:
+        out = self.graphs.run("update", self._update_body, self.optimizers)
+        if not self.graphs.enabled:
             for opt in self.optimizers:
                 opt.zero_grad(set_to_none=True)
         return out.clone()

@@ -163,6 +163,27 @@ def capture_graph(body: Callable[[], Any], optimizers: Sequence[torch.optim.Opti
     return graph, out
 
 
+class Graphs:
+    """Computations captured as CUDA graphs by name at their first call and replayed after (``enabled``), or
+    run eagerly each time. A body reads and writes tensors that keep their addresses (copy new inputs into
+    them); its graph's outputs are the tensors it wrote at capture, overwritten by every replay."""
+
+    def __init__(self, enabled: bool = True):
+        self.enabled = enabled
+        self._graphs: dict[str, tuple[torch.cuda.CUDAGraph, Any]] = {}
+
+    def run(self, name: str, body: Callable[[], Any], optimizers: Sequence[torch.optim.Optimizer] = ()) -> Any:
+        """``body()`` eagerly, or its graph (captured on the first call, undoing the warm-up's steps of
+        ``optimizers``, :func:`capture_graph`) replayed; its outputs."""
+        if not self.enabled:
+            return body()
+        if name not in self._graphs:
+            self._graphs[name] = capture_graph(body, optimizers)
+        graph, out = self._graphs[name]
+        graph.replay()
+        return out
+
+
 class EagerStep:
     """One optimizer step run op by op: the readable reference :class:`CapturedStep` replays."""
 

@@ -275,3 +275,35 @@ def test_captured_step_resumes_exactly_as_without_the_interruption(tmp_path):
 def test_a_captured_step_needs_a_cuda_model():
     with pytest.raises(ValueError, match="cuda_graph=True needs"):
         train(model(), batches(rows(8), 8, seed=0), TrainConfig(steps=2, warmup_steps=1), cuda_graph=True)
+
+
+def test_graphs_run_a_body_eagerly_each_time_or_capture_it_once_by_name(monkeypatch):
+    from halluc_lab import step
+
+    calls = []
+
+    def body(tag):
+        def run():
+            calls.append(tag)
+            return torch.tensor(len(calls))
+        return run
+
+    eager = step.Graphs(enabled=False)
+    assert [int(eager.run("a", body("a"))) for _ in range(3)] == [1, 2, 3]  # the body every time
+
+    captured, replays = [], []
+
+    class StandIn:  # a graph that counts its replays (capture_graph itself is tested on CUDA by PPO and DPO)
+        def replay(self):
+            replays.append(self)
+
+    def stand_in_capture(fn, optimizers=()):
+        captured.append(tuple(optimizers))
+        return StandIn(), fn()
+
+    monkeypatch.setattr(step, "capture_graph", stand_in_capture)
+    calls.clear()
+    graphs, opt = step.Graphs(), object()
+    outs = [graphs.run("update", body("u"), [opt]) for _ in range(3)] + [graphs.run("score", body("s"))]
+    assert calls == ["u", "s"] and captured == [(opt,), ()]  # each name captured once, with its optimizers
+    assert len(replays) == 4 and outs[0] is outs[1] is outs[2]  # replays return the capture's outputs
