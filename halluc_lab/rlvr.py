@@ -53,7 +53,7 @@ from halluc_lab.losses import (check_positive, dapo_loss, dr_grpo_loss, grpo_los
 from halluc_lab.preference import preference_examples
 from halluc_lab.progress import progress
 from halluc_lab.reward_model import Reward, VerifierReward
-from halluc_lab.step import autocast, make_optimizer
+from halluc_lab.step import Graphs, autocast, make_optimizer
 from halluc_lab.tasks import make_task
 from halluc_lab.tasks.base import check_count
 from halluc_lab.tokenizer import Tokenizer
@@ -144,6 +144,7 @@ class RLVRConfig:
     context: str = "keep"  # what a <bksp> leaves in the context: "keep" or "erase" (halluc_lab.backtrack)
     allow_bksp: bool = True  # False: <bksp> is masked out of rollouts and of the policy's log-probs
     fused_decode: bool = False  # compile the rollouts' decode step (CUDA only; halluc_lab.engine: other low bits)
+    captured_update: bool = False  # each optimizer step one CUDA graph (CUDA, keep, one process; other low bits)
 
     def __post_init__(self):
         for name in ("iterations", "prompts_per_iteration", "max_new_tokens", "minibatches"):
@@ -159,9 +160,12 @@ class RLVRConfig:
             raise ValueError(f"beta must be a finite number >= 0, got {self.beta!r}")
         if self.context not in CONTEXTS:
             raise ValueError(f"context must be one of {CONTEXTS}, got {self.context!r}")
-        for name in ("allow_bksp", "fused_decode"):
+        for name in ("allow_bksp", "fused_decode", "captured_update"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        if self.captured_update and self.context != "keep":
+            raise ValueError("captured_update needs context='keep' (a rollout is then one training row of fixed "
+                             f"width); got context={self.context!r}")
         if self.prompts_per_iteration % self.minibatches:
             raise ValueError(f"prompts_per_iteration={self.prompts_per_iteration} must split into "
                              f"minibatches={self.minibatches} equal shares of whole groups")
@@ -280,8 +284,14 @@ def rlvr(policy: nn.Module, reference: nn.Module, prompts: Sequence[Sequence[int
                          f"{ranks} processes a group: raise prompts_per_iteration or lower minibatches")
     order_g = torch.Generator().manual_seed(seed)  # the same on every rank: prompts and minibatches
     sample_g = torch.Generator(device=device).manual_seed(seed + _RANK_SEED_STRIDE * distributed.rank())
-    optimizer = make_optimizer(policy, TrainConfig(lr=cfg.lr, betas=(0.9, 0.999), weight_decay=0.0))
+    if cfg.captured_update and (device.type != "cuda" or ranks > 1):
+        raise ValueError(f"captured_update replays a CUDA graph in one process: the policy is on {device} and "
+                         f"{ranks} processes run")
+    optimizer = make_optimizer(policy, TrainConfig(lr=cfg.lr, betas=(0.9, 0.999), weight_decay=0.0),
+                               capturable=cfg.captured_update)
     banned = () if cfg.allow_bksp else (tok.bksp_id,)
+    captured = _CapturedUpdate(policy, reference, optimizer, loss, cfg, max(map(len, prompts)), banned,
+                               autocast_dtype) if cfg.captured_update else None
     was_training = policy.training
     reference.eval()
     trainable = distributed.wrap(policy)  # itself in one process
@@ -298,6 +308,11 @@ def rlvr(policy: nn.Module, reference: nn.Module, prompts: Sequence[Sequence[int
         parts = [groups[distributed.shard(len(groups))]  # this rank's whole groups of each minibatch
                  for groups in torch.randperm(cfg.prompts_per_iteration, generator=order_g).chunk(cfg.minibatches)]
         parts = [(groups[:, None] * G + torch.arange(G)).flatten() for groups in parts]
+        if captured is not None:
+            kl_sum = captured.round([[repeated[i] for i in part] for part in parts], samples, parts, advantages, mask,
+                                    tok)
+            _record(hist, rewards, samples, float(kl_sum) / len(samples.logs), tok, G)
+            continue
         rows = [round_rows([repeated[i] for i in part], [samples.logs[i] for i in part],
                            [samples.sampled[i] for i in part], M, bksp_id=tok.bksp_id, context=cfg.context,
                            pad_id=tok.pad_id).to(device) for part in parts]
@@ -325,6 +340,95 @@ def rlvr(policy: nn.Module, reference: nn.Module, prompts: Sequence[Sequence[int
         _record(hist, rewards, samples, float(distributed.all_sum(kl_sum)) / len(samples.logs), tok, G)
     policy.train(was_training)
     return hist
+
+
+class _CapturedUpdate:
+    """RLVR's optimizer step as one CUDA graph (``RLVRConfig.captured_update``), as PPO's update is
+    (:mod:`halluc_lab.rlhf`): the policy's forward pass, the loss, the backward pass, clipping and AdamW,
+    replayed once per minibatch on rows copied into fixed buffers; the reference's forward pass (and π_old's)
+    is a second graph.
+
+    In the keep context a rollout is one training row, its prompt then its whole log; here every row is padded
+    to one width, the longest prompt plus the generation budget, so the shapes never change, and log token j
+    of rollout i is read from the row's log-prob at column ``len(prompt_i) − 1 + j`` (a gather, where the eager
+    path scatters by slot; the same values for the same logits). The optimizer is capturable (its rate and
+    step counts on the device). The numbers differ from the eager path's in their low bits: other matrix
+    shapes, and AdamW's step computed on the device.
+    """
+
+    def __init__(self, policy: nn.Module, reference: nn.Module, optimizer, loss, cfg: RLVRConfig, longest_prompt: int,
+                 banned: Sequence[int], dtype: torch.dtype | None):
+        self.policy, self.reference, self.optimizer, self.loss, self.cfg, self.dtype = (
+            policy, reference, optimizer, loss, cfg, dtype)
+        self.device = model_device(policy)
+        n, M = cfg.prompts_per_iteration * cfg.samples_per_prompt // cfg.minibatches, cfg.max_new_tokens
+        self.width = longest_prompt + M
+        z = lambda *shape, dt=torch.long: torch.zeros(*shape, dtype=dt, device=self.device)  # noqa: E731
+        self.buf = {"ids": z(n, self.width), "labels": z(n, self.width), "index": z(n, M),
+                    "mask": z(n, M, dt=torch.bool), "adv": z(n, dt=torch.float32), "ref": z(n, M, dt=torch.float32),
+                    "old": z(n, M, dt=torch.float32)}
+        self.banned = torch.tensor(list(banned), dtype=torch.long, device=self.device) if banned else None
+        self.graphs = Graphs()  # "score" and "update"
+
+    def rows(self, prompts: list, logs: list, sampled: list, tok: Tokenizer) -> dict:
+        """The ids, labels and gather index of a minibatch's rollouts, on the device, at the fixed width."""
+        r = round_rows(prompts, logs, sampled, self.cfg.max_new_tokens, bksp_id=tok.bksp_id, context="keep",
+                       pad_id=tok.pad_id)
+        extra = (0, self.width - r.input_ids.shape[1])
+        index = torch.tensor([len(p) - 1 for p in prompts])[:, None] + torch.arange(self.cfg.max_new_tokens)
+        return {"ids": torch.nn.functional.pad(r.input_ids, extra, value=tok.pad_id).to(self.device),
+                "labels": torch.nn.functional.pad(r.labels, extra, value=IGNORE).to(self.device),
+                "index": index.to(self.device)}
+
+    def logprobs(self, model: nn.Module, rows: dict) -> Tensor:
+        """``(n, M)`` log π of each rollout's log tokens (0 where not sampled or past the log)."""
+        logits = model(rows["ids"])  # (n, W, V)
+        if self.banned is not None:
+            logits = logits.index_fill(-1, self.banned, float("-inf"))
+        return token_logprobs(logits, rows["labels"]).float().gather(1, rows["index"])
+
+    @torch.no_grad()
+    def _score_body(self) -> tuple[Tensor, Tensor]:
+        """π_ref's log-probs of the rows in the buffers, and π_old's (the policy's, needed before any step when a
+        round takes several)."""
+        with autocast(self.device, self.dtype):
+            ref = self.logprobs(self.reference, self.buf)
+            return ref, self.logprobs(self.policy, self.buf) if self.cfg.minibatches > 1 else ref
+
+    def _update_body(self) -> Tensor:
+        b, cfg = self.buf, self.cfg
+        with autocast(self.device, self.dtype):
+            logp = self.logprobs(self.policy, b)
+        kl = kl_estimates(logp, b["ref"], b["mask"]).k3
+        old = logp.detach() if cfg.minibatches == 1 else b["old"]
+        value = self.loss(logp, old, b["adv"], b["mask"], kl=kl if cfg.beta else None, beta=cfg.beta,
+                          max_tokens=cfg.max_new_tokens)
+        value.backward()
+        torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.grad_clip)
+        self.optimizer.step()
+        return kl.detach().sum()
+
+    def round(self, prompts: list[list], samples: RoundSamples, parts: list[Tensor], advantages: Tensor, mask: Tensor,
+              tok: Tokenizer) -> Tensor:
+        """One round's updates, a minibatch ``parts[k]`` (rollout indices; ``prompts[k]`` their prompts) at a time;
+        the sum of the k3 KL estimates over the round's tokens, on the device."""
+        rows = [self.rows(p, [samples.logs[i] for i in part], [samples.sampled[i] for i in part], tok)
+                for p, part in zip(prompts, parts)]
+        scored = []
+        for r in rows:  # before any step: π_ref, and π_old if it differs
+            self._load(r)
+            scored.append([x.clone() for x in self.graphs.run("score", self._score_body)])
+        self.policy.train()
+        kl_sum = torch.zeros((), device=self.device)
+        for part, r, (ref, old) in zip(parts, rows, scored):
+            part = part.to(self.device)
+            self._load({**r, "mask": mask[part], "adv": advantages[part], "ref": ref, "old": old})
+            kl_sum += self.graphs.run("update", self._update_body, [self.optimizer])
+        return kl_sum
+
+    def _load(self, values: dict) -> None:
+        for name, value in values.items():
+            self.buf[name].copy_(value)
 
 
 _RANK_SEED_STRIDE = 1_000_003  # rank r samples with seed + r·stride; rank 0's stream is the single process's

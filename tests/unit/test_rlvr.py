@@ -201,6 +201,8 @@ def test_the_verifier_refuses_a_negative_or_odd_lambda_or_bksp_cost(kb, bad):
     ({"context": "undo"}, ValueError, "context"),
     ({"allow_bksp": 1}, TypeError, "allow_bksp"),
     ({"fused_decode": "yes"}, TypeError, "fused_decode"),
+    ({"captured_update": 1}, TypeError, "captured_update"),
+    ({"captured_update": True, "context": "erase"}, ValueError, "captured_update needs context='keep'"),
     ({"prompts_per_iteration": 6, "minibatches": 4}, ValueError, "minibatches=4 equal shares"),
     ({"beta": -0.1}, ValueError, "beta"),
     ({"beta": math.nan}, ValueError, "beta"),
@@ -427,6 +429,41 @@ def test_rlvr_with_fused_rollouts_raises_the_reward_and_repeats_exactly():
     assert mean(hist.reward[-5:]) > mean(hist.reward[:5]) + 0.4
     again, policy_again = train_toy(GRPO(), device=cuda, fused_decode=True)
     assert again == hist and same_weights(policy, policy_again)  # compiled kernels are deterministic too
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("minibatches", [1, 2])
+def test_rlvr_with_a_captured_update_raises_the_reward_and_repeats_exactly(minibatches):
+    cuda = torch.device("cuda")
+    hist, policy = train_toy(GRPO(), device=cuda, minibatches=minibatches, captured_update=True, fused_decode=True)
+    assert mean(hist.reward[-5:]) > mean(hist.reward[:5]) + 0.4
+    again, policy_again = train_toy(GRPO(), device=cuda, minibatches=minibatches, captured_update=True,
+                                    fused_decode=True)
+    assert again == hist and same_weights(policy, policy_again)
+    eager, _ = train_toy(GRPO(), device=cuda, minibatches=minibatches, fused_decode=True, iterations=1)
+    assert eager.reward == hist.reward[:1] and eager.length == hist.length[:1]  # the first rollouts: no update yet
+
+
+def test_the_captured_updates_rows_give_the_eager_log_probs():
+    """Rows padded to the fixed width and read by a gather: the log-probs round_rows + log_logprobs give."""
+    model, ps = tiny(bksp_boost=2.0), prompts(6)
+    cfg = dataclasses.replace(TOY, prompts_per_iteration=6, samples_per_prompt=2, max_new_tokens=14)
+    out = run(model, ps, "keep", forced=FORCED, steps=14, n_samples=2)
+    repeated = [p for p in ps for _ in range(2)]
+    logs, flags = out.token_lists(), out.sampled_lists()
+    for banned in ((), (BKSP,)):
+        update = rlvr_module._CapturedUpdate(model, model, None, GRPO(), cfg, max(map(len, ps)), banned, None)
+        with torch.no_grad():
+            got = update.logprobs(model, update.rows(repeated, logs, flags, TOK))
+            want = log_logprobs(model, round_rows(repeated, logs, flags, 14, bksp_id=BKSP, context="keep",
+                                                  pad_id=0), banned)
+        assert got.shape == want.shape == (12, 14)
+        torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
+
+
+def test_a_captured_update_is_refused_on_the_cpu():
+    with pytest.raises(ValueError, match="captured_update replays a CUDA graph"):
+        train_toy(GRPO(), captured_update=True, iterations=1)
 
 
 def test_fused_rollouts_are_refused_on_the_cpu():
