@@ -107,7 +107,7 @@ class Clock:
             raise RuntimeError(f"{len(self.stamps)} timestamps, {skip} warm-up gaps: nothing left to time")
         ms = 1000 * statistics.median(gaps)
         return {"ms": ms, "per_s": 1000 / ms, "n": len(gaps), "min_ms": 1000 * min(gaps),
-                "max_ms": 1000 * max(gaps), **extra}
+                "max_ms": 1000 * max(gaps), "each_ms": [round(1000 * g, 2) for g in gaps], **extra}
 
 
 # -- data ---------------------------------------------------------------------------------------------

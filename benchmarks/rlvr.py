@@ -23,9 +23,11 @@ term: the RLVR recipes' setting and TRL's default).
   kernels and ``autocast_dtype``, as the recipe stage runs it. Rollouts come from the backspace controller
   (:func:`halluc_lab.backtrack.rollout`: one prefill per prompt copied to its G rows, a sampled ``<bksp>``
   taking back the last token inside the decode step, a CUDA graph of that step on CUDA); the update is eager.
-  On CUDA it is timed twice: as the recipe stage runs it, and with ``fused_decode=True`` (the decode step
-  compiled by ``torch.compile`` before its graph is captured: fewer kernels, other low bits, so not the
-  setting the book's chapters train with; its first iteration, a warm-up, compiles).
+  On CUDA it is timed three times: as the recipe stage runs it; with ``fused_decode=True`` (the decode step
+  compiled by ``torch.compile`` before its graph is captured: fewer kernels); and with ``captured_update=True``
+  as well (each optimizer step, the policy's forward and backward passes, clipping and AdamW, one CUDA graph
+  on rows of a fixed width). Both options give other low bits, so they are not the settings the book's
+  chapters train with; the first iteration, a warm-up, compiles and captures.
   With one minibatch π_old is the step's own log-probs, detached (no extra forward), but the round still
   scores the reference once (no gradient): the KL to it is measured every round, β = 0 or not.
 - *TRL*: ``GRPOTrainer`` with ``loss_type="grpo"`` (TRL's default is ``"dapo"``, a token-level average over
@@ -133,12 +135,23 @@ def lab_rl(model, tok, verifier, prompts: list[tuple[int, ...]], cfg: RLVRConfig
     """Time per iteration of the lab's RLVR with GRPO (between reward calls), with the mean completion length."""
     policy = copy.deepcopy(model).to(device).train()
     reference = copy.deepcopy(policy).eval().requires_grad_(False)
-    clock, lengths = Clock(device), []
+    clock, lengths, before = Clock(device), [], dynamo_counts()
     with deterministic():  # as the recipe stage runs it
         rlvr(policy, reference, prompts, ticking(verifier, clock, lengths),
              dataclasses.replace(cfg, iterations=warmup + iterations + 1), GRPO(), tok=tok, seed=0,
              autocast_dtype=dtype)
-    return summary(clock, lengths, warmup, cfg)
+    after = dynamo_counts()
+    return summary(clock, lengths, warmup, cfg) | {
+        "dynamo": {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}}
+
+
+def dynamo_counts() -> dict[str, int]:
+    """torch.compile's counters (graphs compiled, frames, graph breaks, ...) as flat numbers: a fused arm's
+    record shows whether its step compiled, and how often."""
+    from torch._dynamo.utils import counters
+
+    return {f"{group}.{name}": n for group, values in counters.items() for name, n in values.items()
+            if isinstance(n, int)}
 
 
 def lab_rollouts(model, tok, prompts: list[tuple[int, ...]], cfg: RLVRConfig, device, dtype,
@@ -174,9 +187,12 @@ def lab_rollouts(model, tok, prompts: list[tuple[int, ...]], cfg: RLVRConfig, de
 
 def lab_arms(cfg: RLVRConfig, device) -> dict[str, RLVRConfig]:
     """The lab's settings to time, by the suffix of their row: as the recipe runs, and on CUDA with the decode
-    step fused (``fused_decode``: compiled before its graph is captured)."""
-    fused = {", fused decode": dataclasses.replace(cfg, fused_decode=True)} if device.type == "cuda" else {}
-    return {"": cfg} | fused
+    step fused (``fused_decode``: compiled before its graph is captured), then with the update captured as well
+    (``captured_update``: each optimizer step one CUDA graph)."""
+    if device.type != "cuda":
+        return {"": cfg}
+    return {"": cfg, ", fused decode": dataclasses.replace(cfg, fused_decode=True),
+            ", fused decode + captured update": dataclasses.replace(cfg, fused_decode=True, captured_update=True)}
 
 
 # -- TRL ----------------------------------------------------------------------------------------------
@@ -295,7 +311,7 @@ def main(argv=None) -> dict:
                          f"{'met' if row['lab/TRL'] >= 10 else 'NOT met'}")
     if isinstance(draws, list):
         for d in draws:  # of the iteration that draws them: fused rollouts of the fused arm's
-            arm = labs.get(", fused decode") if ", fused" in d["what"] else lab
+            arm = labs.get(", fused decode + captured update") if ", fused" in d["what"] else lab
             d["share of iteration"] = ratio(d["ms"], get(arm, "ms"))
         print_markdown(f"the lab's rollouts alone, one round's {N} rows (the fastest of {repeats} calls)",
                        draws, ["what", "rows", "ms", "tokens", "tok/s", "share of iteration"])
