@@ -291,8 +291,9 @@ def main(argv=None) -> dict:
     env = {**environment(device), "trl": trl.__version__, "datasets": datasets.__version__}
     get = lambda r, k: r[k] if isinstance(r, dict) else r  # a failed side's entry is its error
     rows = [{"what": f"RL iteration{what}", "lab ms": get(lab, "ms"), "TRL ms": get(peer, "ms"),
-             "lab /s": get(lab, "per_s"), "TRL /s": get(peer, "per_s"), "lab/TRL": ratio(get(peer, "ms"), get(lab, "ms")),
-             "timed": get(lab, "n"), "lab": lab, "trl": peer} for what, lab in labs.items()]
+             "lab /s": get(lab, "per_s"), "TRL /s": get(peer, "per_s"),
+             "lab/TRL": ratio(get(peer, "ms"), get(lab, "ms")), "timed": get(lab, "n"), "lab": lab, "trl": peer}
+            for what, lab in labs.items()]
     lab = labs[""]
     N = cfg.prompts_per_iteration * cfg.samples_per_prompt
     precision = "fp32" if dtype == torch.float32 else "bf16 autocast"

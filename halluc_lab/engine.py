@@ -35,9 +35,13 @@ On CUDA the step is captured once as a CUDA graph per sampling setting and repla
 bookkeeping stays on the device, so a decode step is one ``replay()`` from Python. ``fused=True``
 compiles the step with ``torch.compile`` before the capture, so the graph replays fewer, fused kernels
 (Triton's); their sums run in another order, so the numbers differ in their low bits from the unfused
-step's, and a sampled token can differ where two are nearly tied. The book's chapters decode unfused. An engine has
-a fixed batch size; :func:`generate` keeps engines for batch sizes rounded up to a power of two
-(the graph buckets) and fills unused rows with finished dummies. A graph reads the weights where
+step's, and a sampled token can differ where two are nearly tied. The book's chapters decode unfused.
+Today the compiler fuses the step in pieces: the deterministic-mode switch around the cache write
+(:func:`halluc_lab.device.distinct_indices`) breaks its graph there, so the compiler skips the model's
+forward frame and compiles its layers in pieces (book/results/rlvr.md, runs 5–8).
+
+An engine has a fixed batch size; :func:`generate` keeps engines for batch sizes rounded up to a power
+of two (the graph buckets) and fills unused rows with finished dummies. A graph reads the weights where
 they are, so training them in place between generations is fine; weights replaced by new tensors
 (``.to()``, ``load_state_dict(assign=True)``) are noticed at :meth:`Engine.start` and recaptured.
 
