@@ -24,7 +24,8 @@ from __future__ import annotations
 import contextlib
 import os
 import random
-from collections.abc import Iterator
+import warnings
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -158,6 +159,31 @@ def distinct_indices() -> Iterator[None]:
         yield
     finally:
         torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+
+
+FUSED_RECOMPILE_LIMIT = 64  # compilations of one function before dynamo gives up on it (its default: 8)
+
+
+def compile_for_capture(fn: Callable) -> Callable:
+    """``fn`` compiled by ``torch.compile`` (fused Triton kernels), to be warmed up and then captured in a CUDA
+    graph, as the engine's fused step is. The first calls compile; they must come before the capture.
+
+    The compiler guards a compiled function on the object it is bound to, so every engine and sampling setting
+    compiles once: the limit is raised so that it does not fall back to the uncompiled function after eight.
+    Inductor's hint to use TF32 for float32 matmuls is silenced, not followed (it would change the numbers).
+    What it fuses today: :func:`distinct_indices`' switch of the deterministic mode around the KV-cache write
+    breaks the graph, so the compiler skips the model's forward frame and compiles its layers in pieces
+    (book/results/rlvr.md, runs 5–8).
+    """
+    config = torch._dynamo.config
+    config.recompile_limit = max(config.recompile_limit, FUSED_RECOMPILE_LIMIT)
+    compiled = torch.compile(fn, dynamic=False)
+
+    def run(*args, **kwargs):
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="TensorFloat32 tensor cores")
+            return compiled(*args, **kwargs)
+    return run
 
 
 def set_deterministic(enabled: bool = True) -> None:

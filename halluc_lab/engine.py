@@ -32,13 +32,9 @@ cache to G rows, prompt-major (nanochat's engine does the same); the prefill com
 (``logits_to_keep``), since the first step computes the ones it needs.
 
 On CUDA the step is captured once as a CUDA graph per sampling setting and replayed: all its
-bookkeeping stays on the device, so a decode step is one ``replay()`` from Python. ``fused=True``
-compiles the step with ``torch.compile`` before the capture, so the graph replays fewer, fused kernels
-(Triton's); their sums run in another order, so the numbers differ in their low bits from the unfused
-step's, and a sampled token can differ where two are nearly tied. The book's chapters decode unfused.
-Today the compiler fuses the step in pieces: the deterministic-mode switch around the cache write
-(:func:`halluc_lab.device.distinct_indices`) breaks its graph there, so the compiler skips the model's
-forward frame and compiles its layers in pieces (book/results/rlvr.md, runs 5–8).
+bookkeeping stays on the device, so a decode step is one ``replay()`` from Python. ``fused=True`` compiles
+the step first (:func:`halluc_lab.device.compile_for_capture`): fewer kernels, summed in another order, so
+other low bits, and a sampled token can differ where two are nearly tied. The chapters decode unfused.
 
 An engine has a fixed batch size; :func:`generate` keeps engines for batch sizes rounded up to a power
 of two (the graph buckets) and fills unused rows with finished dummies. A graph reads the weights where
@@ -58,7 +54,6 @@ Where the code departs from the documents:
 from __future__ import annotations
 
 import math
-import warnings
 import weakref
 from collections.abc import Mapping, Sequence
 from contextlib import nullcontext
@@ -68,33 +63,14 @@ import torch
 from torch import nn
 
 from halluc_lab import sampling
-from halluc_lab.device import distinct_indices
+from halluc_lab.device import compile_for_capture, distinct_indices
 from halluc_lab.engine_checks import MAX_STOP_TOKENS, check_count, check_force, check_start, prompt_lists
 from halluc_lab.kv_cache import KVCache, rollback_request
+from halluc_lab.sampling import SamplingParams  # defined with the rules it selects; imported from here too
 
 Tensor = torch.Tensor
 MAX_ENGINES_PER_MODEL = 6  # engine_for keeps this many engines (kinds × batch buckets × lengths) per model
-# torch.compile guards a compiled step on its engine, so each fused engine and sampling setting compiles once;
-# past dynamo's limit (8 by default) it would fall back to the unfused step with a warning.
-FUSED_RECOMPILE_LIMIT = 64
 NO_LOGITS = torch.zeros(0, dtype=torch.long)  # logits_to_keep for a prefill: no position's logits are used
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """How the next token is chosen (000 §4, 001 eq. 10)."""
-
-    greedy: bool = False  # argmax of the logits; temperature, top_k and top_p are then ignored
-    temperature: float = 1.0  # τ > 0: logits are divided by it before sampling
-    top_k: int | None = None  # keep the k most likely tokens (000 Def. 6); None = all
-    top_p: float | None = None  # keep the smallest set with mass ≥ p (000 Def. 7); None = all
-
-    def check(self, vocab_size: int) -> None:
-        """Raise ValueError/TypeError for a bad setting (sampling's own checks, on a dummy row)."""
-        if not isinstance(self.greedy, bool):
-            raise TypeError(f"greedy must be a bool, got {self.greedy!r}")
-        if not self.greedy:
-            sampling.filter_logits(torch.zeros(1, vocab_size), self.temperature, self.top_k, self.top_p)
 
 
 @dataclass(frozen=True)
@@ -306,20 +282,12 @@ class Engine:
             with torch.no_grad(), self._autocast():
                 self._step_body()
 
-    def _body(self):
-        """The step to capture: :meth:`_step_body`, compiled once if the engine is fused."""
-        if not self.fused:
-            return self._step_body
-        if self._fused_body is None:
-            config = torch._dynamo.config
-            config.recompile_limit = max(config.recompile_limit, FUSED_RECOMPILE_LIMIT)
-            self._fused_body = torch.compile(self._step_body, dynamic=False)
-        return self._fused_body
-
     def _capture(self) -> torch.cuda.CUDAGraph:
         """Warm up on a side stream (compiling a fused step), capture one step, then put every buffer and the
         generator back."""
-        body = self._body()
+        if self.fused and self._fused_body is None:
+            self._fused_body = compile_for_capture(self._step_body)
+        body = self._fused_body if self.fused else self._step_body
         saved = {name: getattr(self, name).clone() for name in self._STEP_STATE}
         saved_lengths, saved_bound = self.cache.lengths.clone(), self.cache.bound
         saved_rng = self.generator.get_state()
@@ -329,9 +297,7 @@ class Engine:
             graph.register_generator_state(self.generator)  # replays draw fresh numbers from it
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.no_grad(), self._autocast(), warnings.catch_warnings():
-            # Inductor suggests TF32 for float32 matmuls, which would change the numbers: not taken.
-            warnings.filterwarnings("ignore", message="TensorFloat32 tensor cores")
+        with torch.no_grad(), self._autocast():
             with torch.cuda.stream(stream):
                 for _ in range(2):
                     body()

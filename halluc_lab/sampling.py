@@ -10,7 +10,8 @@ per-row knobs (``temperature``, ``k``, ``p``) are a Python number or a tensor of
 holding one value per row. ``validate=True`` checks tensor *values* (NaN, +inf, a row with no
 finite logit, per-row knobs out of range), which waits for the device; the generation engine
 passes ``validate=False`` inside a CUDA graph, and then nothing here synchronises with the host:
-no ``.item()``, no branching on tensor values, no data-dependent shapes.
+no ``.item()``, no branching on tensor values, no data-dependent shapes. :class:`SamplingParams` names one
+setting of the rules (the engine keeps a captured step per setting).
 
 Where this departs from the documents (the chapter shows each):
 
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from numbers import Integral, Real
 
 import torch
@@ -308,3 +310,20 @@ def sample(logits: torch.Tensor, temperature: Param = 1.0, top_k: int | torch.Te
         race[..., 1:].masked_fill_(drop, 0.0)
     rank = race.argmin(dim=-1, keepdim=True)  # (..., 1)
     return (rank if order is None else order.gather(-1, rank))[..., 0]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How the next token is chosen (000 §4, 001 eq. 10)."""
+
+    greedy: bool = False  # argmax of the logits; temperature, top_k and top_p are then ignored
+    temperature: float = 1.0  # τ > 0: logits are divided by it before sampling
+    top_k: int | None = None  # keep the k most likely tokens (000 Def. 6); None = all
+    top_p: float | None = None  # keep the smallest set with mass ≥ p (000 Def. 7); None = all
+
+    def check(self, vocab_size: int) -> None:
+        """Raise ValueError/TypeError for a bad setting (sampling's own checks, on a dummy row)."""
+        if not isinstance(self.greedy, bool):
+            raise TypeError(f"greedy must be a bool, got {self.greedy!r}")
+        if not self.greedy:
+            filter_logits(torch.zeros(1, vocab_size), self.temperature, self.top_k, self.top_p)

@@ -25,10 +25,9 @@ from halluc_lab.rlvr import (
     RLVRConfig,
     RLVRHistory,
     RLVRTraining,
-    log_logprobs,
     rlvr,
-    round_rows,
 )
+from halluc_lab.rlvr_rounds import CapturedUpdate, log_logprobs, pad_flags, round_rows
 from halluc_lab.tasks import make_task
 from halluc_lab.tokenizer import Tokenizer
 from tests.unit.test_backtrack import BKSP, FORCED, prompts, run, tiny
@@ -96,7 +95,7 @@ def test_keep_rows_of_a_round_are_training_rows_padded_with_their_slots_in_order
         assert torch.equal(rows.input_ids, expected.input_ids) and torch.equal(rows.labels, expected.labels)
         assert rows.slot.tolist() == [i * width + j for i, f in enumerate(flags) for j, s in enumerate(f) if s]
         assert rows.shape == (R, width) and rows.slot.dtype == torch.long
-        assert torch.equal(rlvr_module._pad_flags(flags, width),
+        assert torch.equal(pad_flags(flags, width),
                            torch.tensor([f + [False] * (width - len(f)) for f in flags]).view(R, width))
     with pytest.raises(ValueError, match="prompt"):
         round_rows([[]], [[5]], [[True]], 2, bksp_id=BKSP, context="keep", pad_id=0)
@@ -452,7 +451,7 @@ def test_the_captured_updates_rows_give_the_eager_log_probs():
     repeated = [p for p in ps for _ in range(2)]
     logs, flags = out.token_lists(), out.sampled_lists()
     for banned in ((), (BKSP,)):
-        update = rlvr_module._CapturedUpdate(model, model, None, GRPO(), cfg, max(map(len, ps)), banned, None)
+        update = CapturedUpdate(model, model, None, GRPO(), cfg, max(map(len, ps)), banned, None)
         with torch.no_grad():
             got = update.logprobs(model, update.rows(repeated, logs, flags, TOK))
             want = log_logprobs(model, round_rows(repeated, logs, flags, 14, bksp_id=BKSP, context="keep",
