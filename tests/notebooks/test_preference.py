@@ -5,8 +5,6 @@ import math
 
 import pytest
 
-from halluc_lab import stats
-
 NOTEBOOK = "09_preference"
 pytestmark = pytest.mark.notebook
 

@@ -1,18 +1,14 @@
 """Training data: completion-only labels, padding, packing, batch streams, rollouts."""
 
-import math
-import random
-
 import pytest
 import torch
-import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from halluc_lab.data import IGNORE, Encoded, batches, encode_document, encode_example, pack, pad, rollout_batch
 from halluc_lab.losses import causal_lm_loss
-from halluc_lab.tasks import Arithmetic, ArithmeticConfig, Example, KBWalk, KBWalkConfig, completion_symbols
-from tests.unit._tiny_lm import TinyConfig, TinyLM, small_transformer
+from halluc_lab.tasks import Arithmetic, ArithmeticConfig, Example
+from tests.unit._tiny_lm import small_transformer
 
 TASK = Arithmetic(ArithmeticConfig(max_digits=3))
 TOK = TASK.tokenizer()

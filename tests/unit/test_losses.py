@@ -1,7 +1,6 @@
 """Losses: cross-entropy by hand, its gradient, label smoothing, per-token and per-sequence log-probs."""
 
 import math
-import random
 
 import pytest
 import torch

@@ -1,13 +1,9 @@
 """What is SFT's own: backspace demonstrations and scheduled sampling."""
 
-import math
 import random
 
 import pytest
 import torch
-import torch.nn.functional as F
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from halluc_lab.data import IGNORE, encode_example, pad
 from halluc_lab.sft import (REFUSE, TAKE_BACK, BackspaceConfig, ForbiddenFacts, backspace_demonstration,
