@@ -54,8 +54,8 @@ def round_rows(prompts: Sequence[Sequence[int]], logs: Sequence[Sequence[int]], 
         raise ValueError(f"prompts, logs and sampled must be as long, got {len(prompts)}, {len(logs)}, {len(sampled)}")
     if not logs:
         raise ValueError("a round needs at least one rollout")
-    if max(map(len, logs)) > width:
-        raise ValueError(f"a log of {max(map(len, logs))} tokens does not fit in width={width} columns")
+    if (longest := max(map(len, logs))) > width:
+        raise ValueError(f"a log of {longest} tokens does not fit in width={width} columns")
     if context == "keep":
         return _keep_rows(prompts, logs, sampled, width, pad_id)
     seqs, slots = [], []
@@ -94,13 +94,20 @@ def _keep_rows(prompts, logs, sampled, width: int, pad_id: int) -> RoundRows:
                      (R, width))
 
 
+def _row_logprobs(model: nn.Module, ids: Tensor, labels: Tensor, banned: Tensor | None) -> Tensor:
+    """``(R, W-1)`` float32 log π of each row's labels (0 off the targets); the ``banned`` token ids' logits are
+    masked first (the policy that never emits them)."""
+    logits = model(ids)  # (R, W, V)
+    if banned is not None:
+        logits = logits.index_fill(-1, banned, float("-inf"))
+    return token_logprobs(logits, labels).float()
+
+
 def log_logprobs(model: nn.Module, rows: RoundRows, banned: Sequence[int] = ()) -> Tensor:
     """``(N, M)`` log π of each rollout's sampled tokens, in log order (0 elsewhere); ``banned`` tokens' logits
     are masked first (the policy that never emits them)."""
-    logits = model(rows.input_ids)  # (R, W, V)
-    if banned:
-        logits = logits.index_fill(-1, torch.tensor(list(banned), device=logits.device), float("-inf"))
-    lp = token_logprobs(logits, rows.labels).float()  # (R, W-1)
+    banned = torch.tensor(list(banned), device=rows.input_ids.device) if banned else None
+    lp = _row_logprobs(model, rows.input_ids, rows.labels, banned)  # (R, W-1)
     flat = torch.zeros(rows.shape[0] * rows.shape[1], device=lp.device)
     return flat.index_put((rows.slot,), lp[rows.labels[:, 1:] != IGNORE]).view(rows.shape)
 
@@ -154,10 +161,7 @@ class CapturedUpdate:
 
     def logprobs(self, model: nn.Module, rows: dict) -> Tensor:
         """``(n, M)`` log π of each rollout's log tokens (0 where not sampled or past the log)."""
-        logits = model(rows["ids"])  # (n, W, V)
-        if self.banned is not None:
-            logits = logits.index_fill(-1, self.banned, float("-inf"))
-        return token_logprobs(logits, rows["labels"]).float().gather(1, rows["index"])
+        return _row_logprobs(model, rows["ids"], rows["labels"], self.banned).gather(1, rows["index"])
 
     @torch.no_grad()
     def _score_body(self) -> tuple[Tensor, Tensor]:
