@@ -153,6 +153,9 @@ def distinct_indices() -> Iterator[None]:
     False [[0.0, 0.0, 1.0], [1.0, 0.0, 0.0]]
     True
     """
+    if torch.compiler.is_compiling():  # traced: compile_for_capture runs the whole call with the mode off already
+        yield  # (and asking for the mode here would break the traced graph in two)
+        return
     before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
     torch.use_deterministic_algorithms(False)
     try:
@@ -171,16 +174,19 @@ def compile_for_capture(fn: Callable) -> Callable:
     The compiler guards a compiled function on the object it is bound to, so every engine and sampling setting
     compiles once: the limit is raised so that it does not fall back to the uncompiled function after eight.
     Inductor's hint to use TF32 for float32 matmuls is silenced, not followed (it would change the numbers).
-    What it fuses today: :func:`distinct_indices`' switch of the deterministic mode around the KV-cache write
-    breaks the graph, so the compiler skips the model's forward frame and compiles its layers in pieces
-    (book/results/rlvr.md, runs 5–8).
+
+    The compiled calls run with deterministic algorithms off, as :func:`distinct_indices`' body does: with them
+    on, Inductor hands every ``index_put_`` and ``scatter_`` back to ATen's sorting kernel. So ``fn``'s indexed
+    writes must each go to distinct elements, and it must not accumulate into a tensor by index (``index_add_``,
+    ``scatter_add_``). The engine's step is such a function: one slot per row in the KV cache and in each
+    row's record.
     """
     config = torch._dynamo.config
     config.recompile_limit = max(config.recompile_limit, FUSED_RECOMPILE_LIMIT)
     compiled = torch.compile(fn, dynamic=False)
 
     def run(*args, **kwargs):
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), distinct_indices():
             warnings.filterwarnings("ignore", message="TensorFloat32 tensor cores")
             return compiled(*args, **kwargs)
     return run

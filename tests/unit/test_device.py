@@ -1,5 +1,7 @@
 """halluc_lab.device: device choice with its reason, the override, scales and seeding."""
 
+import unittest.mock
+
 import pytest
 import torch
 
@@ -119,6 +121,32 @@ def test_distinct_indices_turns_deterministic_kernels_off_and_restores_both_flag
         assert torch.is_deterministic_algorithms_warn_only_enabled() == warn_only
     finally:
         torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+
+
+def _write_one_column_per_row(target, index, src):
+    with dev.distinct_indices():
+        return target.scatter_(1, index, src)
+
+
+def test_distinct_indices_does_not_break_a_traced_graph():
+    """Under torch.compile the context does nothing (fullgraph raises on a graph break)."""
+    torch._dynamo.reset()
+    traced = torch.compile(_write_one_column_per_row, backend="eager", fullgraph=True)
+    index = torch.tensor([[2], [0]])
+    with dev.deterministic(True):
+        out = traced(torch.zeros(2, 3), index, torch.ones(2, 1))
+        assert torch.are_deterministic_algorithms_enabled()
+    assert out.tolist() == [[0.0, 0.0, 1.0], [1.0, 0.0, 0.0]]
+
+
+def test_compiled_calls_for_capture_run_with_deterministic_kernels_off_and_restore_them():
+    seen = []
+    with dev.deterministic(True):
+        with unittest.mock.patch.object(torch, "compile", lambda fn, **kw: fn):  # the wrapper, not Inductor
+            compiled = dev.compile_for_capture(lambda: seen.append(torch.are_deterministic_algorithms_enabled()))
+        compiled()
+        assert torch.are_deterministic_algorithms_enabled()
+    assert seen == [False]
 
 
 @pytest.mark.gpu
