@@ -32,7 +32,9 @@ cache to G rows, prompt-major (nanochat's engine does the same); the prefill com
 (``logits_to_keep``), since the first step computes the ones it needs.
 
 On CUDA the step is captured once as a CUDA graph per sampling setting and replayed: all its
-bookkeeping stays on the device, so a decode step is one ``replay()`` from Python. ``fused=True`` compiles
+bookkeeping stays on the device, so a decode step is one ``replay()`` from Python. The prefill is replayed
+too, one graph per batch shape from the shape's second use (:mod:`halluc_lab.engine_graphs`); the same
+kernels, so the same bits. ``fused=True`` compiles
 the step first (:func:`halluc_lab.device.compile_for_capture`): fewer kernels, summed in another order, so
 other low bits, and a sampled token can differ where two are nearly tied. The chapters decode unfused.
 
@@ -65,6 +67,7 @@ from torch import nn
 from halluc_lab import sampling
 from halluc_lab.device import compile_for_capture, distinct_indices
 from halluc_lab.engine_checks import MAX_STOP_TOKENS, check_count, check_force, check_start, prompt_lists
+from halluc_lab.engine_graphs import PrefillGraphs, capture_step
 from halluc_lab.kv_cache import KVCache, rollback_request
 from halluc_lab.sampling import SamplingParams  # defined with the rules it selects; imported from here too
 
@@ -139,7 +142,9 @@ class Engine:
         self.n_rows = 0  # rows in use (the rest are finished dummies)
         self.max_new_tokens = 0
         self._user_generator: torch.Generator | None = None
-        self._graphs: dict[SamplingParams, torch.cuda.CUDAGraph] = {}
+        self._graphs: dict[SamplingParams, torch.cuda.CUDAGraph] = {}  # the step's, by setting
+        self._prefills = PrefillGraphs()
+        self._no_logits = NO_LOGITS.to(dev)  # on the device: a capture cannot copy from the host
         self._weights: tuple[int, ...] = ()  # addresses of the weights the graphs were captured with
 
     @property
@@ -180,6 +185,7 @@ class Engine:
         weights = tuple(p.data_ptr() for p in self.model.parameters())
         if weights != self._weights:  # graphs read weights in place: new tensors (.to(), assign=True) need new graphs
             self._graphs.clear()
+            self._prefills.graphs.clear()
             self._weights = weights
         N, B = len(prompts) * n_samples, self.batch_size
         self.params, self.n_rows, self.max_new_tokens = params, N, max_new_tokens
@@ -208,11 +214,22 @@ class Engine:
             ids = torch.zeros(P, T, dtype=torch.long)  # (P, T), right-padded
             for b, p in enumerate(prompts):
                 ids[b, : len(p) - 1] = torch.tensor(p[:-1], dtype=torch.long)
-            with torch.no_grad(), self._autocast():  # no logits: the first step computes the ones it needs
-                self.model(ids.to(self.device), cache=self.cache.first_rows(P), logits_to_keep=NO_LOGITS)
+            if self.use_graph:
+                self._prefills.run(self._prefill_forward, ids, self.device, self._pool())
+            else:
+                self._prefill_forward(ids.to(self.device))
         self.cache.set_lengths([len(p) - 1 for p in prompts] + [0] * (B - P))  # forget the pads (they stay masked)
         if n_samples > 1:  # row p·G + g ← row p (copy_rows gathers before it writes, so overlaps are safe)
             self.cache.copy_rows(torch.arange(P).repeat_interleave(n_samples), T)
+
+    def _prefill_forward(self, ids: Tensor) -> None:
+        with torch.no_grad(), self._autocast():  # no logits: the first step computes the ones it needs
+            self.model(ids, cache=self.cache.first_rows(len(ids)), logits_to_keep=self._no_logits)
+
+    def _pool(self):
+        """The memory pool of the engine's graphs (they replay one at a time), or None before the first."""
+        graph = next(iter(self._graphs.values()), None)
+        return None if graph is None else graph.pool()
 
     def _autocast(self):
         if self.dtype == self.model.embed_tokens.weight.dtype:
@@ -275,43 +292,14 @@ class Engine:
             self.force_mask.index_fill_(0, index, True)
         if self.use_graph:
             if self.params not in self._graphs:
-                self._graphs[self.params] = self._capture()
+                if self.fused and self._fused_body is None:
+                    self._fused_body = compile_for_capture(self._step_body)
+                self._graphs[self.params] = capture_step(self, self._fused_body or self._step_body, self._pool())
             self._graphs[self.params].replay()
             self.cache.bound += 1  # what the captured forward's Python would have done
         else:
             with torch.no_grad(), self._autocast():
                 self._step_body()
-
-    def _capture(self) -> torch.cuda.CUDAGraph:
-        """Warm up on a side stream (compiling a fused step), capture one step, then put every buffer and the
-        generator back."""
-        if self.fused and self._fused_body is None:
-            self._fused_body = compile_for_capture(self._step_body)
-        body = self._fused_body if self.fused else self._step_body
-        saved = {name: getattr(self, name).clone() for name in self._STEP_STATE}
-        saved_lengths, saved_bound = self.cache.lengths.clone(), self.cache.bound
-        saved_rng = self.generator.get_state()
-        self.cache.bound = 0  # the room check must not sync inside the capture; budgets guarantee room
-        graph = torch.cuda.CUDAGraph()
-        if not self.params.greedy:
-            graph.register_generator_state(self.generator)  # replays draw fresh numbers from it
-        stream = torch.cuda.Stream(self.device)
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.no_grad(), self._autocast():
-            with torch.cuda.stream(stream):
-                for _ in range(2):
-                    body()
-            torch.cuda.current_stream(self.device).wait_stream(stream)
-            pool = next(iter(self._graphs.values())).pool() if self._graphs else None
-            with torch.cuda.graph(graph, pool=pool):
-                body()
-        torch.cuda.synchronize(self.device)
-        for name, value in saved.items():
-            getattr(self, name).copy_(value)
-        self.cache.lengths.copy_(saved_lengths)
-        self.cache.bound = saved_bound
-        self.generator.set_state(saved_rng)
-        return graph
 
     @property
     def done(self) -> bool:

@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from halluc_lab import decoding, sampling
+from halluc_lab import decoding, engine_graphs, sampling
+from halluc_lab import engine as engine_module
 from halluc_lab.engine import Engine, SamplingParams, engine_for, generate
 from halluc_lab.hf_convert import to_hf
 from halluc_lab.model import ModelConfig, Transformer
@@ -312,6 +313,48 @@ def test_cuda_graph_path_equals_eager_path(params):
 
 
 @pytest.mark.gpu
+def test_prefill_graphs_fill_the_cache_with_the_eager_prefills_bits():
+    """A shape's prefill runs eagerly, then is captured, then replayed on new prompts: the cache each leaves
+    is the eager engine's, bit for bit (bf16 autocast, as the chapters decode)."""
+    model = tiny().cuda()
+    graphed = Engine(model, 8, 64, dtype=torch.bfloat16)
+    eager = Engine(model, 8, 64, dtype=torch.bfloat16, cuda_graph=False)
+    a, b = prompts(4, seed=1), prompts(4, seed=2)  # the same lengths: one shape
+    for ps in (a, a, b, a):  # eager, captured (its warm-up is the prefill), replayed twice
+        for eng in (graphed, eager):
+            eng.start(ps, 4, GREEDY, n_samples=2)
+        assert torch.equal(graphed.cache.lengths, eager.cache.lengths)
+        for name in ("k", "v"):  # every row's prefilled slots, the fanned-out copies included
+            for row, n in enumerate(eager.cache.lengths.tolist()):
+                assert torch.equal(getattr(graphed.cache, name)[:, row, :n], getattr(eager.cache, name)[:, row, :n])
+    assert list(graphed._prefills.graphs) == [(4, 6)]
+    graphed.run()
+    eager.run()
+    assert graphed.result().token_lists() == eager.result().token_lists()
+
+
+def test_prefill_graphs_run_a_shape_eagerly_then_capture_it_then_replay_it(monkeypatch):
+    """The bookkeeping on the CPU, with a stand-in graph whose replay reruns the captured body."""
+    calls, pools = [], []
+
+    class StandIn:
+        def __init__(self, body):
+            self.replay = body
+
+    def stand_in_capture(body, device, pool=None, **kw):
+        body()  # the warm-up is the real work; the capture itself runs nothing
+        pools.append(pool)
+        return StandIn(body)
+
+    monkeypatch.setattr(engine_graphs, "capture", stand_in_capture)
+    graphs = engine_graphs.PrefillGraphs()
+    for ids in ([[1, 2]], [[1, 2]], [[3, 4]], [[5, 6, 7]], [[8, 9]]):
+        graphs.run(lambda x: calls.append(x.tolist()), torch.tensor(ids), torch.device("cpu"), pool="pool")
+    assert calls == [[[1, 2]], [[1, 2]], [[3, 4]], [[5, 6, 7]], [[8, 9]]]  # replays read the new ids
+    assert pools == ["pool"] and list(graphs.graphs) == [(1, 2)]  # one capture: (1, 3) came once
+
+
+@pytest.mark.gpu
 def test_cuda_graph_generation_equals_uncached_reference_and_hugging_face():
     model = tiny().cuda()
     x = torch.randint(0, V, (4, 9), generator=torch.Generator().manual_seed(3))
@@ -440,18 +483,19 @@ def test_graph_bookkeeping_matches_eager_with_a_stand_in_graph(monkeypatch):
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
     model, ps = tiny(n_kv_heads=1), prompts(4)
     actions = STEPS[:3] + [("step", {2: 3})] + [("rollback", [0, 3], [2, 1])] + STEPS
+    original = engine_module.capture_step
+
+    def capture_step(eng, body, pool=None):
+        graph = original(eng, body, pool)
+        graph.step = body
+        return graph
+
+    monkeypatch.setattr(engine_module, "capture_step", capture_step)
     results = []
     for graphed in (False, True):
         eng = Engine(model, 8, 64)
         if graphed:
             eng.use_graph, eng.cache.static = True, True
-            original = eng._capture
-
-            def capture(eng=eng, original=original):
-                graph = original()
-                graph.step = eng._step_body
-                return graph
-            eng._capture = capture
         eng.start(ps, 30, TOP_P, generator=torch.Generator().manual_seed(9), n_samples=2)  # groups of two
         for action in actions:
             eng.rollback(action[1], action[2]) if action[0] == "rollback" else eng.step(force=action[1])
