@@ -22,7 +22,8 @@ term: the RLVR recipes' setting and TRL's default).
   that way: :func:`halluc_lab.losses.grpo_loss`), ``context="keep"``, ``allow_bksp=True``, deterministic
   kernels and ``autocast_dtype``, as the recipe stage runs it. Rollouts come from the backspace controller
   (:func:`halluc_lab.backtrack.rollout`: one prefill per prompt copied to its G rows, a sampled ``<bksp>``
-  taking back the last token inside the decode step, a CUDA graph of that step on CUDA); the update is eager.
+  taking back the last token inside the decode step, a CUDA graph of that step on CUDA, and of the prefill
+  once its batch shape has come twice); the update is eager.
   On CUDA it is timed three times: as the recipe stage runs it; with ``fused_decode=True`` (the decode step
   compiled by ``torch.compile`` before its graph is captured: fewer kernels); and with ``captured_update=True``
   as well (each optimizer step, the policy's forward and backward passes, clipping and AdamW, one CUDA graph
