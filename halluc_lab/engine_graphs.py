@@ -1,5 +1,7 @@
 """The engine's CUDA graphs: its decode step, captured once per sampling setting (:func:`capture_step`), and
-its prefill, captured once per batch shape (:class:`PrefillGraphs`), all of one engine in one memory pool.
+its prefill, captured once per batch shape (:class:`PrefillGraphs`). The engine hands each capture the memory
+pool of its first step graph, so its graphs share one pool (they replay one at a time); a prefill captured
+before any step, which the engine's own order never does, gets a pool of its own.
 
 A graph replays the kernels its capture recorded, on the addresses it recorded. So a replay gives the bits
 the eager call gives, provided the inputs are copied into the tensors the capture read and the weights stay
