@@ -25,11 +25,12 @@ import contextlib
 import os
 import random
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
+from torch import Tensor
 
 ENV_DEVICE = "HALLUC_DEVICE"  # overrides device="auto", e.g. HALLUC_DEVICE=cpu
 ENV_THREADS = "HALLUC_THREADS"  # CPU threads for torch (default 1, see setup)
@@ -190,6 +191,47 @@ def compile_for_capture(fn: Callable) -> Callable:
             warnings.filterwarnings("ignore", message="TensorFloat32 tensor cores")
             return compiled(*args, **kwargs)
     return run
+
+
+def to_device(data, device: torch.device | str, dtype: torch.dtype | None = None) -> Tensor:
+    """``data`` (a host tensor, or what ``torch.tensor`` takes) as a tensor on ``device``, queued without
+    waiting for the device.
+
+    A plain ``.to("cuda")`` or ``copy_`` from ordinary host memory makes the host wait until the device has
+    run everything queued before the copy (PyTorch synchronises the stream after it), so a loop that uploads
+    a few numbers between kernels leaves the device idle while the host catches up. Here the data goes
+    through page-locked memory and the copy is queued like a kernel (``non_blocking``); the host moves on.
+    A host tensor that is page-locked already is read when the copy runs: do not change it afterwards.
+    """
+    host = data if isinstance(data, Tensor) else torch.tensor(data, dtype=dtype)
+    if dtype is not None:
+        host = host.to(dtype)
+    if torch.device(device).type != "cuda" or host.device.type != "cpu":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)
+
+
+def host_copies(tensors: Sequence[Tensor]) -> Callable[[], list[Tensor]]:
+    """Start copying ``tensors`` to the host; the function returned waits for these copies alone (the device
+    work queued after them runs on) and returns the host tensors.
+
+    So the host can read a result while the device already works on the next step::
+
+        wait = host_copies([tokens, lengths])
+        launch_next_kernels()
+        tokens, lengths = wait()      # waits for the two copies, not for the kernels
+    """
+    tensors = list(tensors)
+    if not any(t.is_cuda for t in tensors):
+        return lambda: [t.cpu() for t in tensors]
+    copies = [t.to("cpu", non_blocking=True) for t in tensors]  # into page-locked memory, in stream order
+    done = torch.cuda.Event()
+    done.record()
+
+    def wait() -> list[Tensor]:
+        done.synchronize()
+        return copies
+    return wait
 
 
 def set_deterministic(enabled: bool = True) -> None:

@@ -55,9 +55,10 @@ Where the code departs from the documents:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
 
@@ -65,7 +66,7 @@ import torch
 from torch import nn
 
 from halluc_lab import sampling
-from halluc_lab.device import compile_for_capture, distinct_indices
+from halluc_lab.device import compile_for_capture, distinct_indices, host_copies, to_device
 from halluc_lab.engine_checks import MAX_STOP_TOKENS, check_count, check_force, check_start, prompt_lists
 from halluc_lab.engine_graphs import PrefillGraphs, capture_step
 from halluc_lab.kv_cache import KVCache, rollback_request
@@ -89,6 +90,13 @@ class GenerationResult:
     def token_lists(self) -> list[list[int]]:
         """The generated tokens of each row as Python lists."""
         return [row[:n] for row, n in zip(self.tokens.tolist(), self.lengths.tolist())]
+
+    def to_host(self) -> Callable[[], GenerationResult]:
+        """Start copying this result to the host; the function returned waits for those copies alone (not for
+        device work queued after them: :func:`halluc_lab.device.host_copies`) and returns the result on the host."""
+        names = [f.name for f in dataclasses.fields(self)]
+        wait = host_copies([getattr(self, name) for name in names])
+        return lambda: dataclasses.replace(self, **dict(zip(names, wait())))
 
 
 class Engine:
@@ -194,15 +202,18 @@ class Engine:
             self.generator.set_state(generator.get_state())
         else:
             self.generator.manual_seed(int(torch.randint(2**62, (1,))))  # from the global seed (hl.setup)
-        last = torch.tensor([p[-1] for p in prompts for _ in range(n_samples)] + [0] * (B - N))  # unused rows: 0
+        # Uploads that do not wait for the device (device.to_device): the previous batch's work may still run.
+        last = to_device([p[-1] for p in prompts for _ in range(n_samples)] + [0] * (B - N), self.device)  # unused: 0
         self.tok.copy_(last)
         self.last_prompt.copy_(last)
         self.n_out.zero_()
-        self.budget.copy_(torch.tensor([max_new_tokens] * N + [0] * (B - N)))
-        self.finished.copy_(torch.arange(B) >= N)
+        self.budget.fill_(0)
+        self.budget[:N] = max_new_tokens
+        self.finished.fill_(True)
+        self.finished[:N] = False
         self.stopped.zero_()
         self.force_mask.zero_()
-        self.stop_buf.copy_(torch.tensor(list(stop_tokens) + [-1] * (MAX_STOP_TOKENS - len(stop_tokens))))
+        self.stop_buf.copy_(to_device(list(stop_tokens) + [-1] * (MAX_STOP_TOKENS - len(stop_tokens)), self.device))
         self._prefill(prompts, n_samples)
 
     def _prefill(self, prompts: list[list[int]], n_samples: int) -> None:
@@ -217,7 +228,7 @@ class Engine:
             if self.use_graph:
                 self._prefills.run(self._prefill_forward, ids, self.device, self._pool())
             else:
-                self._prefill_forward(ids.to(self.device))
+                self._prefill_forward(to_device(ids, self.device))
         self.cache.set_lengths([len(p) - 1 for p in prompts] + [0] * (B - P))  # forget the pads (they stay masked)
         if n_samples > 1:  # row p·G + g ← row p (copy_rows gathers before it writes, so overlaps are safe)
             self.cache.copy_rows(torch.arange(P).repeat_interleave(n_samples), T)

@@ -17,6 +17,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from halluc_lab.device import to_device
+
 
 def capture(body: Callable[[], None], device: torch.device, pool=None, *, warmup: int = 1,
             generator: torch.Generator | None = None) -> torch.cuda.CUDAGraph:
@@ -81,12 +83,12 @@ class PrefillGraphs:
         """``forward(ids on the device)``: eagerly, captured, or replayed (above). ``forward`` must not
         synchronise with the host, and must write only tensors that keep their addresses."""
         shape = tuple(ids.shape)
+        ids = to_device(ids, device)
         if shape in self.graphs:
             graph, static = self.graphs[shape]
             static.copy_(ids)
             graph.replay()
             return
-        ids = ids.to(device)
         if shape not in self.seen:
             self.seen.add(shape)
             forward(ids)

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import torch
 
-from halluc_lab.device import distinct_indices
+from halluc_lab.device import distinct_indices, to_device
 
 Tensor = torch.Tensor
 
@@ -95,6 +95,7 @@ class KVCache:
         self.v = torch.zeros(shape, dtype=dtype, device=device)  # (L, B, T, H_kv, D) values
         self.lengths = torch.zeros(batch_size, dtype=torch.long, device=self.k.device)  # (B,) tokens held
         self._rows = torch.arange(batch_size, device=self.k.device)[:, None]  # (B, 1) row index for writes
+        self._layers = torch.arange(n_layers, device=self.k.device)[:, None, None]  # (L, 1, 1): [l] is (1, 1)
         # A host-side upper bound on max(lengths). It sizes the attention window without asking
         # the device (no sync); it is exact after prefill and rollback and may run ahead of the
         # device when rows stop early.
@@ -165,9 +166,12 @@ class KVCache:
         # before this one, a one-hot select over the whole layer, read and wrote every slot: on an H200 (2026-11-27,
         # book/results/engine.md) a decode step of chapter 10's 4 × 256 model at batch 512 with 192 positions per
         # row took 2.52 ms with it and 2.01 ms with this write and the engine's unsorted record writes (same bits).
-        with distinct_indices():  # k[layer, b, slots[b, i]] = k_new[b, i]; the (B, 1) row index broadcasts
-            self.k[layer].index_put_((self._rows, slots), k_new.to(self.k.dtype))
-            self.v[layer].index_put_((self._rows, slots), v_new.to(self.v.dtype))
+        # The write indexes the whole tensor, not the layer's view: compiled (the engine's fused step), a write
+        # into a view is a write into a copy of the whole cache, copied back at the end of the step.
+        index = (self._layers[layer], self._rows, slots)  # k[layer, b, slots[b, i]] = k_new[b, i], broadcast
+        with distinct_indices():
+            self.k.index_put_(index, k_new.to(self.k.dtype))
+            self.v.index_put_(index, v_new.to(self.v.dtype))
 
     def read(self, layer: int, n_keys: int) -> tuple[Tensor, Tensor]:
         """Keys and values of the first ``n_keys`` slots of one layer, as ``(B, H_kv, n_keys, D)`` views."""
@@ -205,7 +209,7 @@ class KVCache:
         for r, n in enumerate(lengths):
             if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= self.capacity:
                 raise ValueError(f"lengths[{r}] must be an int in [0, {self.capacity}], got {n!r}")
-        self.lengths.copy_(torch.tensor(lengths, dtype=torch.long))
+        self.lengths.copy_(to_device(lengths, self.lengths.device, torch.long))
         self.bound = max(lengths)
 
     def first_rows(self, n_rows: int) -> "KVCache":
@@ -219,7 +223,7 @@ class KVCache:
         part = object.__new__(KVCache)
         part.k, part.v = self.k[:, :n_rows], self.v[:, :n_rows]  # (L, n_rows, T, H_kv, D) views
         part.lengths = self.lengths[:n_rows].clone()  # (n_rows,)
-        part._rows = self._rows[:n_rows]  # (n_rows, 1)
+        part._rows, part._layers = self._rows[:n_rows], self._layers  # (n_rows, 1), (L, 1, 1)
         part.bound, part.static = self.bound, False
         return part
 
@@ -229,13 +233,14 @@ class KVCache:
         Only the first ``n_positions`` slots are copied (default: all). With ``source = [0, 0, 1, 1]`` two
         prefilled prompts fan out to two samples each (a GRPO group, best-of-N), without a second prefill.
         """
-        source = torch.as_tensor(source, device=self.k.device)
+        source = torch.as_tensor(source)  # checked where it is: a host tensor costs no sync
         R, T = source.numel(), self.capacity if n_positions is None else n_positions
         if source.ndim != 1 or source.dtype not in (torch.long, torch.int) or not 1 <= R <= self.batch_size:
             raise ValueError(f"source must be a 1-D int tensor of 1 to {self.batch_size} row indices, got "
                              f"{tuple(source.shape)} {source.dtype}")
         if not 0 <= int(source.min()) <= int(source.max()) < self.batch_size:
             raise ValueError(f"source must hold row indices in [0, {self.batch_size - 1}], got {source.tolist()}")
+        source = to_device(source, self.k.device)
         if not isinstance(T, int) or isinstance(T, bool) or not 0 <= T <= self.capacity:
             raise ValueError(f"n_positions must be an int in [0, {self.capacity}] or None, got {n_positions!r}")
         # Advanced indexing on the right gathers a copy first, so source and target rows may overlap;

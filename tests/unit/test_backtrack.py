@@ -84,6 +84,9 @@ def test_text_is_the_log_with_take_backs_applied_and_alive_marks_it(context):
     assert texts == [erase_text(row, BKSP) for row in out.token_lists()]
     assert out.text_lengths.tolist() == [len(t) for t in texts] == out.alive.sum(1).tolist()
     assert not (out.alive & (out.tokens == BKSP)).any()
+    on_host = out.to_host()()  # the same rollout, every field copied (a Rollout still)
+    assert type(on_host) is type(out) and all(torch.equal(getattr(on_host, f), getattr(out, f)) for f in (
+        "tokens", "logprobs", "sampled_mask", "lengths", "stopped", "alive", "text_lengths"))
 
 
 def test_a_bksp_at_an_empty_answer_removes_nothing_and_the_row_goes_on_from_its_prompt():

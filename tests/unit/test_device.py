@@ -167,6 +167,37 @@ def test_writes_to_distinct_indices_give_the_deterministic_kernels_bits():
     assert torch.equal(sorted_scatter, sorted_put)
 
 
+def test_uploads_and_host_copies_give_the_values_on_the_cpu():
+    assert torch.equal(dev.to_device([1, 2, 3], "cpu", torch.long), torch.tensor([1, 2, 3]))
+    assert dev.to_device(torch.tensor([1.5]), "cpu", torch.float64).dtype == torch.float64
+    a, b = torch.arange(6).view(2, 3), torch.tensor([True, False])
+    got = dev.host_copies([a, b])()
+    assert torch.equal(got[0], a) and torch.equal(got[1], b)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_uploads_and_host_copies_do_not_wait_for_the_work_queued_on_the_device():
+    """With the device busy (a spin kernel queued), a plain upload makes the host wait for it; to_device does not,
+    and a host copy's wait() waits for the copy, not for the kernel queued after it."""
+    stream, cycles = torch.cuda.current_stream(), 2_000_000_000  # a second or so of spinning
+    torch.cuda.synchronize()
+    torch.cuda._sleep(cycles)
+    plain = torch.tensor([1, 2, 3]).to("cuda")
+    assert stream.query(), "a plain upload is expected to wait for the queued work"
+    torch.cuda._sleep(cycles)
+    queued = dev.to_device([1, 2, 3], "cuda", torch.long)
+    assert not stream.query(), "to_device waited for the device"
+    assert torch.equal(queued, plain)  # reading it waits, as any read does
+    source = torch.arange(1000, device="cuda")
+    wait = dev.host_copies([source])
+    torch.cuda._sleep(cycles)
+    (copy,) = wait()
+    assert not stream.query(), "host_copies' wait() waited for the work queued after the copy"
+    assert torch.equal(copy, torch.arange(1000))
+    torch.cuda.synchronize()
+
+
 def test_cublas_gets_a_fixed_workspace_before_any_gpu_work():
     import os
 
