@@ -36,16 +36,16 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
 from halluc_lab import distributed
-from halluc_lab.backtrack import CONTEXTS, rollout
+from halluc_lab.backtrack import CONTEXTS, Rollout, rollout
 from halluc_lab.data import prompt_rounds
-from halluc_lab.device import deterministic
+from halluc_lab.device import deterministic, to_device
 from halluc_lab.evaluate import answer_budget, model_device
 from halluc_lab.losses import (check_positive, dapo_loss, dr_grpo_loss, grpo_loss, group_advantages, kl_estimates,
                                listing3_loss)
@@ -213,56 +213,72 @@ def rlvr(policy: nn.Module, reference: nn.Module, prompts: Sequence[Sequence[int
     optimizer = make_optimizer(policy, TrainConfig(lr=cfg.lr, betas=(0.9, 0.999), weight_decay=0.0),
                                capturable=cfg.captured_update)
     banned = () if cfg.allow_bksp else (tok.bksp_id,)
-    captured = CapturedUpdate(policy, reference, optimizer, loss, cfg, max(map(len, prompts)), banned,
-                               autocast_dtype) if cfg.captured_update else None
+    captured = CapturedUpdate(policy, reference, optimizer, loss, cfg, prompts, banned, autocast_dtype,
+                              tok.pad_id) if cfg.captured_update else None
     was_training = policy.training
     reference.eval()
     trainable = distributed.wrap(policy)  # itself in one process
-    next_prompts, hist = prompt_rounds(len(prompts), cfg.prompts_per_iteration, order_g), RLVRHistory()
+    next_prompts, hist, kl_sums = prompt_rounds(len(prompts), cfg.prompts_per_iteration, order_g), RLVRHistory(), []
     for _ in progress(range(cfg.iterations), desc=desc):
         todo = next(next_prompts)
-        repeated = [list(prompts[i]) for i in todo for _ in range(G)]
-        policy.eval()
-        mine = todo[distributed.shard(len(todo))]  # this rank rolls out its share of the round's prompts
-        samples = _gather(_sample(policy, [prompts[i] for i in mine], reward, cfg, tok, sample_g, autocast_dtype))
-        rewards = torch.tensor(samples.rewards)
-        advantages = group_advantages(rewards, G, scale=loss.scale_advantages).to(device)
-        mask = pad_flags(samples.sampled, M).to(device)  # (N, M)
         parts = [groups[distributed.shard(len(groups))]  # this rank's whole groups of each minibatch
                  for groups in torch.randperm(cfg.prompts_per_iteration, generator=order_g).chunk(cfg.minibatches)]
         parts = [(groups[:, None] * G + torch.arange(G)).flatten() for groups in parts]
+        policy.eval()
+        mine = todo[distributed.shard(len(todo))]  # this rank rolls out its share of the round's prompts
+        # Captured, the reference scores the rollouts on the device while the host reads and judges them.
+        scoring = None if captured is None else lambda out: captured.score(todo, out, parts)
+        samples = _gather(_sample(policy, [prompts[i] for i in mine], reward, cfg, tok, sample_g, autocast_dtype,
+                                  while_judging=scoring))
+        rewards = torch.tensor(samples.rewards)
+        advantages = to_device(group_advantages(rewards, G, scale=loss.scale_advantages), device)
+        mask = to_device(pad_flags(samples.sampled, M), device)  # (N, M)
         if captured is not None:
-            kl_sum = captured.round([[repeated[i] for i in part] for part in parts], samples, parts, advantages, mask,
-                                    tok)
-            _record(hist, rewards, samples, float(kl_sum) / len(samples.logs), tok, G)
-            continue
-        rows = [round_rows([repeated[i] for i in part], [samples.logs[i] for i in part],
-                           [samples.sampled[i] for i in part], M, bksp_id=tok.bksp_id, context=cfg.context,
-                           pad_id=tok.pad_id).to(device) for part in parts]
-        with torch.no_grad(), autocast(device, autocast_dtype):  # before any step: π_ref, and π_old if it differs
-            ref = [log_logprobs(reference, r, banned) for r in rows]
-            old = [log_logprobs(policy, r, banned) for r in rows] if cfg.minibatches > 1 else None
-        policy.train()
-        kl_sum = torch.zeros((), device=device)
-        for k, (part, r) in enumerate(zip(parts, rows)):
-            part = part.to(device)
-            m = mask[part]
-            with autocast(device, autocast_dtype):
-                logp = log_logprobs(trainable, r, banned)
-            kl = kl_estimates(logp, ref[k], m).k3  # measured every round; in the loss (with its gradient) if β > 0
-            value = loss(logp, logp.detach() if old is None else old[k], advantages[part], m,
-                         kl=kl if cfg.beta else None, beta=cfg.beta, max_tokens=M)
-            if ranks > 1:  # DDP averages the ranks' gradients: weigh each rank's loss by its share of the global
-                den = loss.denominator(m, M).float()  # denominator, so that the average is the global batch's loss
-                value = value * (ranks * den.clamp_min(1) / distributed.all_sum(den).clamp_min(1))
-            optimizer.zero_grad(set_to_none=True)
-            value.backward()
-            torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.grad_clip)
-            optimizer.step()
-            kl_sum += kl.detach().sum()
-        _record(hist, rewards, samples, float(distributed.all_sum(kl_sum)) / len(samples.logs), tok, G)
+            kl_sum = captured.update(advantages, mask)
+        else:
+            kl_sum = _eager_update(policy, trainable, reference, optimizer, loss, cfg, samples,
+                                   [prompts[i] for i in todo], parts, advantages, mask, banned, tok, autocast_dtype)
+        kl_sums.append(kl_sum)  # read at the end: reading it now would make the host wait for the step
+        _record(hist, rewards, samples, tok, G)
+    n = cfg.prompts_per_iteration * G
+    hist.kl = [k / n for k in torch.stack(kl_sums).tolist()]  # Σ k3 per rollout, each round
     policy.train(was_training)
     return hist
+
+
+def _eager_update(policy: nn.Module, trainable: nn.Module, reference: nn.Module, optimizer, loss, cfg: RLVRConfig,
+                  samples: RoundSamples, prompts: list, parts: list[Tensor], advantages: Tensor, mask: Tensor,
+                  banned: tuple[int, ...], tok: Tokenizer, dtype: torch.dtype | None) -> Tensor:
+    """:func:`rlvr`'s optimizer steps, eagerly, one per minibatch ``parts[k]`` (rollout indices into ``samples``,
+    G per prompt of ``prompts``, the round's); ``trainable``: the policy as DDP wraps it. The sum of the k3 KL
+    estimates over the round's tokens, over every rank, on the device."""
+    device, G, M, ranks = advantages.device, cfg.samples_per_prompt, cfg.max_new_tokens, distributed.world_size()
+    repeated = [list(p) for p in prompts for _ in range(G)]
+    rows = [round_rows([repeated[i] for i in part], [samples.logs[i] for i in part],
+                       [samples.sampled[i] for i in part], M, bksp_id=tok.bksp_id, context=cfg.context,
+                       pad_id=tok.pad_id).to(device) for part in map(Tensor.tolist, parts)]
+    with torch.no_grad(), autocast(device, dtype):  # before any step: π_ref, and π_old if it differs
+        ref = [log_logprobs(reference, r, banned) for r in rows]
+        old = [log_logprobs(policy, r, banned) for r in rows] if cfg.minibatches > 1 else None
+    policy.train()
+    kl_sum = torch.zeros((), device=device)
+    for k, (part, r) in enumerate(zip(parts, rows)):
+        part = to_device(part, device)
+        m = mask[part]
+        with autocast(device, dtype):
+            logp = log_logprobs(trainable, r, banned)
+        kl = kl_estimates(logp, ref[k], m).k3  # measured every round; in the loss (with its gradient) if β > 0
+        value = loss(logp, logp.detach() if old is None else old[k], advantages[part], m,
+                     kl=kl if cfg.beta else None, beta=cfg.beta, max_tokens=M)
+        if ranks > 1:  # DDP averages the ranks' gradients: weigh each rank's loss by its share of the global
+            den = loss.denominator(m, M).float()  # denominator, so that the average is the global batch's loss
+            value = value * (ranks * den.clamp_min(1) / distributed.all_sum(den).clamp_min(1))
+        optimizer.zero_grad(set_to_none=True)
+        value.backward()
+        torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.grad_clip)
+        optimizer.step()
+        kl_sum += kl.detach().sum()
+    return distributed.all_sum(kl_sum)
 
 
 _RANK_SEED_STRIDE = 1_000_003  # rank r samples with seed + r·stride; rank 0's stream is the single process's
@@ -284,12 +300,18 @@ class RoundSamples:
 
 
 def _sample(policy: nn.Module, prompts: list, reward: Reward, cfg: RLVRConfig, tok: Tokenizer,
-            generator: torch.Generator, dtype: torch.dtype | None) -> RoundSamples:
-    """G rollouts of each prompt from one prefill, and their rewards."""
+            generator: torch.Generator, dtype: torch.dtype | None,
+            while_judging: Callable[[Rollout], None] | None = None) -> RoundSamples:
+    """G rollouts of each prompt from one prefill, and their rewards. ``while_judging(rollouts)``, given the
+    rollouts on the device, queues device work that needs no reward, to run while the host judges them."""
     G = cfg.samples_per_prompt
     out = rollout(policy, prompts, cfg.max_new_tokens, bksp_id=tok.bksp_id, context=cfg.context,
                   allow_bksp=cfg.allow_bksp, stop_tokens=(tok.eos_id,), generator=generator, dtype=dtype, n_samples=G,
                   fused=cfg.fused_decode)
+    on_host = out.to_host()
+    if while_judging is not None:
+        while_judging(out)
+    out = on_host()  # waits for the copies only
     logs = out.token_lists()
     scores = [float(r) for r in reward([list(p) for p in prompts for _ in range(G)], logs)]
     if len(scores) != len(logs) or not all(math.isfinite(r) for r in scores):
@@ -303,12 +325,12 @@ def _gather(samples: RoundSamples) -> RoundSamples:
     return samples if len(parts) == 1 else RoundSamples.concat(parts)
 
 
-def _record(hist: RLVRHistory, rewards: Tensor, samples: RoundSamples, kl: float, tok: Tokenizer, G: int) -> None:
-    """Append a round's means to ``hist``."""
+def _record(hist: RLVRHistory, rewards: Tensor, samples: RoundSamples, tok: Tokenizer, G: int) -> None:
+    """Append a round's means to ``hist`` (all but the KL, which :func:`rlvr` reads at the end)."""
     texts, emitted = samples.texts, sum(len(log) for log in samples.logs)
     tied = (rewards.view(-1, G) == rewards.view(-1, G)[:, :1]).all(1)
     for name, v in (("reward", rewards.mean().item()), ("abstained", sum(tok.abstain_id in t for t in texts) / len(texts)),
-                    ("kl", kl), ("length", emitted / len(texts)),
+                    ("length", emitted / len(texts)),
                     ("bksp_rate", sum(log.count(tok.bksp_id) for log in samples.logs) / max(emitted, 1)),
                     ("zero_groups", tied.float().mean().item())):
         getattr(hist, name).append(v)

@@ -4,8 +4,9 @@ in, their log-probs under a model, and the round's update replayed on them as CU
 Chapter 10; :func:`halluc_lab.rlvr.rlvr` calls it. Sources: 001 Part 2 §3 (the policy gradient sums over the
 sampled tokens), 000 §7.3 (the take-back is a token like any other). :func:`round_rows` lays a round out as
 rows (:func:`halluc_lab.backtrack.training_rows`'s, for the whole round at once in the keep context) and
-:func:`log_logprobs` reads a model's log-probs back in log order; :class:`CapturedUpdate` is the optional
-update of ``RLVRConfig.captured_update``, one CUDA graph per optimizer step, as PPO's (:mod:`halluc_lab.rlhf`).
+:func:`log_logprobs` reads a model's log-probs back in log order; :func:`keep_rows` lays the keep context's
+rows out from padded tensors wherever they are. :class:`CapturedUpdate` is the optional update of
+``RLVRConfig.captured_update``, one CUDA graph per optimizer step, as PPO's (:mod:`halluc_lab.rlhf`).
 """
 
 from __future__ import annotations
@@ -20,10 +21,10 @@ from torch import nn
 
 from halluc_lab.backtrack import training_rows
 from halluc_lab.data import IGNORE, pad
+from halluc_lab.device import to_device
 from halluc_lab.evaluate import model_device
 from halluc_lab.losses import kl_estimates, token_logprobs
 from halluc_lab.step import Graphs, autocast
-from halluc_lab.tokenizer import Tokenizer
 
 Tensor = torch.Tensor
 
@@ -39,7 +40,8 @@ class RoundRows:
     shape: tuple[int, int]  # (N, M): rollouts, log columns
 
     def to(self, device) -> "RoundRows":
-        return RoundRows(self.input_ids.to(device), self.labels.to(device), self.slot.to(device), self.shape)
+        """The rows on ``device``, uploaded without waiting for it (:func:`halluc_lab.device.to_device`)."""
+        return RoundRows(*(to_device(t, device) for t in (self.input_ids, self.labels, self.slot)), self.shape)
 
 
 def round_rows(prompts: Sequence[Sequence[int]], logs: Sequence[Sequence[int]], sampled: Sequence[Sequence[bool]],
@@ -80,18 +82,37 @@ def _keep_rows(prompts, logs, sampled, width: int, pad_id: int) -> RoundRows:
         raise ValueError("every rollout needs a prompt of at least one token (<bos>)")
     if any(len(t) != len(s) for t, s in zip(logs, sampled)):
         raise ValueError("each rollout's tokens and sampled flags must have one length")
-    R, W = len(logs), int((n_prompt + n_log).max())
-    ids = np.full((R, W), pad_id, dtype=np.int64)
-    labels = np.full((R, W), IGNORE, dtype=np.int64)
-    row, col = _ragged(n_prompt + n_log)
-    ids[row, col] = np.fromiter(chain.from_iterable(chain(p, t) for p, t in zip(prompts, logs)), dtype=np.int64,
-                                count=len(row))
-    row, col = _ragged(n_log)  # the logs' tokens: targets where sampled
+    ids, labels = keep_rows(_padded(prompts, n_prompt, np.int64), torch.from_numpy(n_prompt),
+                            _padded(logs, n_log, np.int64), torch.from_numpy(n_log), _padded(sampled, n_log, bool),
+                            int((n_prompt + n_log).max()), pad_id)
+    row, col = _ragged(n_log)
     flags = np.fromiter(chain.from_iterable(sampled), dtype=bool, count=len(row))
-    tokens = np.fromiter(chain.from_iterable(logs), dtype=np.int64, count=len(row))
-    labels[row[flags], n_prompt[row[flags]] + col[flags]] = tokens[flags]
-    return RoundRows(torch.from_numpy(ids), torch.from_numpy(labels), torch.from_numpy(row[flags] * width + col[flags]),
-                     (R, width))
+    return RoundRows(ids, labels, torch.from_numpy(row[flags] * width + col[flags]), (len(logs), width))
+
+
+def _padded(rows, lengths: np.ndarray, dtype, width: int | None = None) -> Tensor:
+    """Ragged lists ``lengths`` long as a right-padded (zeros) tensor ``width`` columns wide (default: the
+    longest, at least one)."""
+    out = np.zeros((len(rows), width or max(1, int(lengths.max()))), dtype=dtype)
+    row, col = _ragged(lengths)
+    out[row, col] = np.fromiter(chain.from_iterable(rows), dtype=dtype, count=len(row))
+    return torch.from_numpy(out)
+
+
+def keep_rows(prompts: Tensor, n_prompt: Tensor, logs: Tensor, n_log: Tensor, sampled: Tensor, width: int,
+              pad_id: int) -> tuple[Tensor, Tensor]:
+    """The keep context's rows, computed where the tensors are (on the device, no step on the host): row i is
+    ``prompts[i, :n_prompt[i]]`` then ``logs[i, :n_log[i]]``, right-padded with ``pad_id`` to ``width``
+    columns; its labels are the log tokens ``sampled`` marks, IGNORE elsewhere. ``prompts`` ``(N, P)`` and
+    ``logs``, ``sampled`` ``(N, M)`` may hold anything past their lengths; every row must fit in ``width``.
+    """
+    col = torch.arange(width, device=prompts.device)[None, :]  # (1, W)
+    j = col - n_prompt[:, None]  # (N, W) the log column a row column holds, if 0 <= j < n_log
+    in_log = (j >= 0) & (j < n_log[:, None])
+    at = j.clamp(0, logs.shape[1] - 1)
+    from_prompt = prompts.gather(1, col.clamp(max=prompts.shape[1] - 1).expand(len(prompts), -1))
+    ids = torch.where(j < 0, from_prompt, torch.where(in_log, logs.gather(1, at), pad_id))
+    return ids, torch.where(in_log & sampled.gather(1, at), ids, IGNORE)
 
 
 def _row_logprobs(model: nn.Module, ids: Tensor, labels: Tensor, banned: Tensor | None) -> Tensor:
@@ -106,7 +127,7 @@ def _row_logprobs(model: nn.Module, ids: Tensor, labels: Tensor, banned: Tensor 
 def log_logprobs(model: nn.Module, rows: RoundRows, banned: Sequence[int] = ()) -> Tensor:
     """``(N, M)`` log π of each rollout's sampled tokens, in log order (0 elsewhere); ``banned`` tokens' logits
     are masked first (the policy that never emits them)."""
-    banned = torch.tensor(list(banned), device=rows.input_ids.device) if banned else None
+    banned = to_device(list(banned), rows.input_ids.device, torch.long) if banned else None
     lp = _row_logprobs(model, rows.input_ids, rows.labels, banned)  # (R, W-1)
     flat = torch.zeros(rows.shape[0] * rows.shape[1], device=lp.device)
     return flat.index_put((rows.slot,), lp[rows.labels[:, 1:] != IGNORE]).view(rows.shape)
@@ -114,10 +135,7 @@ def log_logprobs(model: nn.Module, rows: RoundRows, banned: Sequence[int] = ()) 
 
 def pad_flags(flags: list[list[bool]], width: int) -> Tensor:
     """``(N, width)`` bool: each row's flags, then False."""
-    out = np.zeros((len(flags), width), dtype=bool)
-    row, col = _ragged(np.fromiter(map(len, flags), dtype=np.int64, count=len(flags)))
-    out[row, col] = np.fromiter(chain.from_iterable(flags), dtype=bool, count=len(row))
-    return torch.from_numpy(out)
+    return _padded(flags, np.fromiter(map(len, flags), dtype=np.int64, count=len(flags)), bool, width)
 
 
 class CapturedUpdate:
@@ -132,32 +150,39 @@ class CapturedUpdate:
     path scatters by slot; the same values for the same logits). The optimizer is capturable (its rate and
     step counts on the device). The numbers differ from the eager path's in their low bits: other matrix
     shapes, and AdamW's step computed on the device.
+
+    A round is :meth:`score`, then :meth:`update`. The rows are laid out on the device from the rollouts'
+    tensors (:func:`keep_rows`), and the scoring needs no reward, so :func:`~halluc_lab.rlvr.rlvr` queues it
+    before the host reads the rollouts back and judges them: the device scores while the host works.
     """
 
-    def __init__(self, policy: nn.Module, reference: nn.Module, optimizer, loss, cfg, longest_prompt: int,
-                 banned: Sequence[int], dtype: torch.dtype | None):
-        """``cfg``: the run's ``RLVRConfig``; ``loss``: one of ``rlvr.POLICY_LOSSES``; ``optimizer``: capturable."""
-        self.policy, self.reference, self.optimizer, self.loss, self.cfg, self.dtype = (
-            policy, reference, optimizer, loss, cfg, dtype)
+    def __init__(self, policy: nn.Module, reference: nn.Module, optimizer, loss, cfg,
+                 prompts: Sequence[Sequence[int]], banned: Sequence[int], dtype: torch.dtype | None, pad_id: int):
+        """``cfg``: the run's ``RLVRConfig``; ``loss``: one of ``rlvr.POLICY_LOSSES``; ``optimizer``: capturable;
+        ``prompts``: the run's (kept on the device, where the rows are laid out)."""
+        self.policy, self.reference, self.optimizer, self.loss, self.cfg, self.dtype, self.pad_id = (
+            policy, reference, optimizer, loss, cfg, dtype, pad_id)
         self.device = model_device(policy)
+        n_prompt = np.fromiter(map(len, prompts), dtype=np.int64, count=len(prompts))
+        self.prompts = to_device(_padded(prompts, n_prompt, np.int64), self.device)  # (P, longest prompt)
+        self.n_prompt = to_device(torch.from_numpy(n_prompt), self.device)  # (P,)
         n, M = cfg.prompts_per_iteration * cfg.samples_per_prompt // cfg.minibatches, cfg.max_new_tokens
-        self.width = longest_prompt + M
+        self.width = int(n_prompt.max()) + M
         z = lambda *shape, dt=torch.long: torch.zeros(*shape, dtype=dt, device=self.device)  # noqa: E731
         self.buf = {"ids": z(n, self.width), "labels": z(n, self.width), "index": z(n, M),
                     "mask": z(n, M, dt=torch.bool), "adv": z(n, dt=torch.float32), "ref": z(n, M, dt=torch.float32),
                     "old": z(n, M, dt=torch.float32)}
         self.banned = torch.tensor(list(banned), dtype=torch.long, device=self.device) if banned else None
         self.graphs = Graphs()  # "score" and "update"
+        self._scored: list[tuple[Tensor, dict, Tensor, Tensor]] = []  # per minibatch: rollouts, rows, π_ref, π_old
 
-    def rows(self, prompts: list, logs: list, sampled: list, tok: Tokenizer) -> dict:
-        """The ids, labels and gather index of a minibatch's rollouts, on the device, at the fixed width."""
-        r = round_rows(prompts, logs, sampled, self.cfg.max_new_tokens, bksp_id=tok.bksp_id, context="keep",
-                       pad_id=tok.pad_id)
-        extra = (0, self.width - r.input_ids.shape[1])
-        index = torch.tensor([len(p) - 1 for p in prompts])[:, None] + torch.arange(self.cfg.max_new_tokens)
-        return {"ids": torch.nn.functional.pad(r.input_ids, extra, value=tok.pad_id).to(self.device),
-                "labels": torch.nn.functional.pad(r.labels, extra, value=IGNORE).to(self.device),
-                "index": index.to(self.device)}
+    def rows(self, which: Tensor, out) -> dict:
+        """The ids, labels and gather index of rollouts ``out`` (a :class:`~halluc_lab.backtrack.Rollout` on the
+        device) of the prompts ``which`` (N,), at the fixed width, laid out on the device."""
+        ids, labels = keep_rows(self.prompts[which], self.n_prompt[which], out.tokens, out.lengths, out.sampled_mask,
+                                self.width, self.pad_id)
+        index = self.n_prompt[which, None] - 1 + torch.arange(self.cfg.max_new_tokens, device=self.device)
+        return {"ids": ids, "labels": labels, "index": index}
 
     def logprobs(self, model: nn.Module, rows: dict) -> Tensor:
         """``(n, M)`` log π of each rollout's log tokens (0 where not sampled or past the log)."""
@@ -184,23 +209,30 @@ class CapturedUpdate:
         self.optimizer.step()
         return kl.detach().sum()
 
-    def round(self, prompts: list[list], samples, parts: list[Tensor], advantages: Tensor, mask: Tensor,
-              tok: Tokenizer) -> Tensor:
-        """One round's updates, a minibatch ``parts[k]`` (rollout indices; ``prompts[k]`` their prompts) at a time,
-        from ``samples`` (an ``rlvr.RoundSamples``: its ``logs`` and ``sampled``); the sum of the k3 KL estimates
-        over the round's tokens, on the device."""
-        rows = [self.rows(p, [samples.logs[i] for i in part], [samples.sampled[i] for i in part], tok)
-                for p, part in zip(prompts, parts)]
-        scored = []
-        for r in rows:  # before any step: π_ref, and π_old if it differs
-            self._load(r)
-            scored.append([x.clone() for x in self.graphs.run("score", self._score_body)])
+    def score(self, todo: Sequence[int], out, parts: Sequence[Tensor]) -> None:
+        """Queue a round's scoring on the device: ``out`` (a :class:`~halluc_lab.backtrack.Rollout` on the device)
+        holds G rollouts of each prompt ``todo[k]`` (indices into the run's prompts), prompt-major; for each
+        minibatch ``parts[k]`` (rollout indices), before any step, π_ref's log-probs, and π_old's if they differ.
+        Nothing waits for the device, so the host can judge the rollouts meanwhile; :meth:`update` follows."""
+        which = to_device(todo, self.device).repeat_interleave(self.cfg.samples_per_prompt)  # (N,) prompt of each
+        rows, self._scored = self.rows(which, out), []
+        for part in parts:
+            part = to_device(part, self.device)
+            self._load(r := {name: value[part] for name, value in rows.items()})
+            self._scored.append((part, r, *[x.clone() for x in self.graphs.run("score", self._score_body)]))
+
+    def update(self, advantages: Tensor, mask: Tensor) -> Tensor:
+        """The round's optimizer steps, one per minibatch :meth:`score` queued, from each rollout's advantage
+        ``(N,)`` and the mask of its sampled tokens ``(N, M)``, on the device; the sum of the k3 KL estimates over
+        the round's tokens, on the device."""
+        if not self._scored:
+            raise RuntimeError("score() a round before update()")
         self.policy.train()
         kl_sum = torch.zeros((), device=self.device)
-        for part, r, (ref, old) in zip(parts, rows, scored):
-            part = part.to(self.device)
+        for part, r, ref, old in self._scored:
             self._load({**r, "mask": mask[part], "adv": advantages[part], "ref": ref, "old": old})
             kl_sum += self.graphs.run("update", self._update_body, [self.optimizer])
+        self._scored = []
         return kl_sum
 
     def _load(self, values: dict) -> None:

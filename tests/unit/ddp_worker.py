@@ -59,7 +59,7 @@ def run_train(mode: str, out: str) -> None:
 SAMPLE = rlvr._sample  # rlvr's own sampling of a round, called here one prompt at a time
 
 
-def _sample_per_prompt(policy, prompts, reward, cfg, tok, generator, dtype):
+def _sample_per_prompt(policy, prompts, reward, cfg, tok, generator, dtype, while_judging=None):
     """rlvr's sampling with each prompt's rollouts drawn from a generator of its own (seeded by the prompt and
     the round), so that which process samples a prompt does not change its rollouts."""
     _sample_per_prompt.round = getattr(_sample_per_prompt, "round", -1) + 1

@@ -27,7 +27,7 @@ from halluc_lab.rlvr import (
     RLVRTraining,
     rlvr,
 )
-from halluc_lab.rlvr_rounds import CapturedUpdate, log_logprobs, pad_flags, round_rows
+from halluc_lab.rlvr_rounds import CapturedUpdate, keep_rows, log_logprobs, pad_flags, round_rows
 from halluc_lab.tasks import make_task
 from halluc_lab.tokenizer import Tokenizer
 from tests.unit.test_backtrack import BKSP, FORCED, prompts, run, tiny
@@ -443,21 +443,38 @@ def test_rlvr_with_a_captured_update_raises_the_reward_and_repeats_exactly(minib
     assert eager.reward == hist.reward[:1] and eager.length == hist.length[:1]  # the first rollouts: no update yet
 
 
-def test_the_captured_updates_rows_give_the_eager_log_probs():
-    """Rows padded to the fixed width and read by a gather: the log-probs round_rows + log_logprobs give."""
+def test_the_captured_updates_rows_give_the_eager_rows_and_log_probs():
+    """Rows laid out from the rollouts' tensors (where they are: on the device when captured), padded to the fixed
+    width and read by a gather: round_rows' rows, and the log-probs round_rows + log_logprobs give."""
     model, ps = tiny(bksp_boost=2.0), prompts(6)
     cfg = dataclasses.replace(TOY, prompts_per_iteration=6, samples_per_prompt=2, max_new_tokens=14)
     out = run(model, ps, "keep", forced=FORCED, steps=14, n_samples=2)
     repeated = [p for p in ps for _ in range(2)]
-    logs, flags = out.token_lists(), out.sampled_lists()
+    want_rows = round_rows(repeated, out.token_lists(), out.sampled_lists(), 14, bksp_id=BKSP, context="keep",
+                           pad_id=0)
+    W = want_rows.input_ids.shape[1]
     for banned in ((), (BKSP,)):
-        update = CapturedUpdate(model, model, None, GRPO(), cfg, max(map(len, ps)), banned, None)
+        update = CapturedUpdate(model, model, None, GRPO(), cfg, ps, banned, None, pad_id=0)
+        rows = update.rows(torch.arange(6).repeat_interleave(2), out)
+        assert rows["ids"].shape == rows["labels"].shape == (12, update.width) and update.width >= W
+        assert torch.equal(rows["ids"][:, :W], want_rows.input_ids) and (rows["ids"][:, W:] == 0).all()
+        assert torch.equal(rows["labels"][:, :W], want_rows.labels) and (rows["labels"][:, W:] == IGNORE).all()
         with torch.no_grad():
-            got = update.logprobs(model, update.rows(repeated, logs, flags, TOK))
-            want = log_logprobs(model, round_rows(repeated, logs, flags, 14, bksp_id=BKSP, context="keep",
-                                                  pad_id=0), banned)
+            got = update.logprobs(model, rows)
+            want = log_logprobs(model, want_rows, banned)
         assert got.shape == want.shape == (12, 14)
         torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
+
+
+def test_keep_rows_lay_out_prompts_and_logs_padded_past_their_lengths():
+    """Row i: its prompt's first n_prompt[i] ids, its log's first n_log[i] tokens, then pads; labels on the sampled
+    log tokens. Whatever the padded tensors hold past the lengths is never read."""
+    prompts_ = torch.tensor([[1, 7, 9], [1, 8, 99]])  # 99: past row 1's prompt
+    logs = torch.tensor([[5, 3, 6], [4, 98, 98]])  # 98: past row 1's log
+    sampled = torch.tensor([[True, False, True], [True, True, True]])
+    ids, labels = keep_rows(prompts_, torch.tensor([3, 2]), logs, torch.tensor([3, 1]), sampled, 7, pad_id=0)
+    assert ids.tolist() == [[1, 7, 9, 5, 3, 6, 0], [1, 8, 4, 0, 0, 0, 0]]
+    assert labels.tolist() == [[IGNORE] * 3 + [5, IGNORE, 6, IGNORE], [IGNORE, IGNORE, 4] + [IGNORE] * 4]
 
 
 def test_a_captured_update_is_refused_on_the_cpu():
