@@ -196,6 +196,22 @@ def _is_lab_module(name: str) -> bool:
         return False
 
 
+def _tree_text(node) -> str:
+    """A syntax tree as text, the same on the Python versions the lab runs on (3.11 to 3.13): unlike
+    ``ast.dump``, whose text for one program differs between them (3.12 adds ``type_params=[]`` to every
+    function and class, 3.13 leaves out empty lists), it leaves out every field that is empty or None, and the
+    empty strings that 3.12 puts into some f-strings (``f"{x:{spec}}"``)."""
+    if isinstance(node, ast.JoinedStr):
+        node = ast.JoinedStr(values=[v for v in node.values if not (isinstance(v, ast.Constant) and v.value == "")])
+    if isinstance(node, ast.AST):
+        fields = ", ".join(f"{name}={_tree_text(value)}" for name, value in ast.iter_fields(node)
+                           if value is not None and value != [])
+        return f"{type(node).__name__}({fields})"
+    if isinstance(node, list):
+        return f"[{', '.join(map(_tree_text, node))}]"
+    return repr(node)
+
+
 @lru_cache(maxsize=256)
 def _parse(module: str, source: str) -> tuple[str, frozenset[str]]:
     """(the syntax tree without docstrings, as text; the halluc_lab modules the code imports anywhere)."""
@@ -210,7 +226,7 @@ def _parse(module: str, source: str) -> tuple[str, frozenset[str]]:
             subs = {f"{base}.{a.name}" for a in node.names if _is_lab_module(f"{base}.{a.name}")}
             # "from pkg import sub" runs sub's code; pkg's own only for the names that are not modules
             found |= subs | ({base} if len(subs) < len(node.names) else set())
-    return ast.dump(_strip_docstrings(tree)), frozenset(m for m in found if _is_lab_module(m))
+    return _tree_text(_strip_docstrings(tree)), frozenset(m for m in found if _is_lab_module(m))
 
 
 def code_modules(recipe: Recipe, source: Callable[[str], str] | None = None) -> tuple[str, ...]:
@@ -238,7 +254,8 @@ def code_modules(recipe: Recipe, source: Callable[[str], str] | None = None) -> 
 
 def code_fingerprint(recipe: Recipe, source: Callable[[str], str] | None = None) -> str:
     """A hash of the syntax trees of :func:`code_modules` without docstrings (comments and layout are not
-    in the tree): it changes when their code does, not when their prose does."""
+    in the tree): it changes when their code does, not when their prose does, and not with the Python version
+    (the trees as :func:`_tree_text` writes them)."""
     source = source or _read_source
     h = hashlib.sha256()
     for m in code_modules(recipe, source):

@@ -517,6 +517,20 @@ def test_strip_docstrings_keeps_code_and_drops_prose():
     assert dump(src) == dump(prose) != dump(code)
 
 
+def test_the_tree_text_leaves_out_what_python_versions_add_or_drop():
+    """The fingerprint's text of a tree has no empty or None fields (3.12's ``type_params=[]``, 3.13's dropped
+    empty lists) and no empty strings inside f-strings (3.12's), so 3.11, 3.12 and 3.13 give one key."""
+    import ast
+
+    assert recipe_cache._tree_text(ast.parse("def f(): pass")) == (
+        "Module(body=[FunctionDef(name='f', args=arguments(), body=[Pass()])])")
+    padded = ast.parse('f"{x:{s}}"')
+    fstring = padded.body[0].value
+    fstring.values[0].format_spec.values.append(ast.Constant(""))  # as 3.12.1 parses it
+    assert recipe_cache._tree_text(padded) == recipe_cache._tree_text(ast.parse('f"{x:{s}}"'))
+    assert recipe_cache._tree_text(padded) != recipe_cache._tree_text(ast.parse('f"{x:{t}}"'))
+
+
 # -- several chains at once ----------------------------------------------------------------------------
 def test_prefetch_trains_chains_in_parallel_processes_as_load_would(cache):
     sft = tiny_sft()
