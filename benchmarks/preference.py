@@ -91,13 +91,15 @@ TASK = "kb_walk"
 
 
 class Clock:
-    """Timestamps (the device synchronised first); ``summary(skip)`` times the gaps after the first ``skip``."""
+    """Timestamps (the device synchronised first, unless ``synchronized=False``); ``summary(skip)`` times the gaps
+    after the first ``skip``."""
 
-    def __init__(self, device: torch.device):
-        self.device, self.stamps = device, []
+    def __init__(self, device: torch.device, synchronized: bool = True):
+        self.device, self.synchronized, self.stamps = device, synchronized, []
 
     def tick(self) -> None:
-        synchronize(self.device)
+        if self.synchronized:
+            synchronize(self.device)
         self.stamps.append(time.perf_counter())
 
     def summary(self, skip: int, **extra) -> dict:

@@ -50,7 +50,13 @@ term: the RLVR recipes' setting and TRL's default).
   tokenizer adds the ``<bos>``, checked before the run).
 
 An iteration's time: between consecutive calls of the reward function (one per rollout batch: the update
-of one iteration and the rollouts of the next), the device synchronised; the median after the warm-up.
+of one iteration and the rollouts of the next); the median after the warm-up. ``--clock free`` (the default)
+stamps each call as it comes. Each side waits for its device at least once an iteration on its own (to read
+its rollouts), so the host never runs more than an iteration ahead, and the gaps are the iterations of the
+loop as it runs. ``--clock synced`` synchronises the device before each stamp, as runs 1–15 of the results
+page did; that wait is itself part of what is timed, and it costs the lab more than TRL. With the update
+captured, the lab queues the reference's scoring of the rollouts before it calls the reward, so that the
+device scores while the host judges; a synchronised stamp makes the host wait for the scoring first.
 For the lab the rollouts alone are also timed on one round's batch (the fastest of a few calls): as in the
 iteration, and, with no stop token (every row emits the whole budget, as ``decode.py`` counts), against
 the engine's greedy :func:`halluc_lab.engine.generate` on the same rows.
@@ -132,11 +138,12 @@ def summary(clock: Clock, lengths: list[int], warmup: int, cfg: RLVRConfig) -> d
 
 # -- the lab ------------------------------------------------------------------------------------------
 def lab_rl(model, tok, verifier, prompts: list[tuple[int, ...]], cfg: RLVRConfig, device, dtype, warmup: int,
-           iterations: int) -> dict:
-    """Time per iteration of the lab's RLVR with GRPO (between reward calls), with the mean completion length."""
+           iterations: int, synced: bool) -> dict:
+    """Time per iteration of the lab's RLVR with GRPO (between reward calls; ``synced``: the device synchronised
+    at each), with the mean completion length."""
     policy = copy.deepcopy(model).to(device).train()
     reference = copy.deepcopy(policy).eval().requires_grad_(False)
-    clock, lengths, before = Clock(device), [], dynamo_counts()
+    clock, lengths, before = Clock(device, synced), [], dynamo_counts()
     with deterministic():  # as the recipe stage runs it
         rlvr(policy, reference, prompts, ticking(verifier, clock, lengths),
              dataclasses.replace(cfg, iterations=warmup + iterations + 1), GRPO(), tok=tok, seed=0,
@@ -198,8 +205,9 @@ def lab_arms(cfg: RLVRConfig, device) -> dict[str, RLVRConfig]:
 
 # -- TRL ----------------------------------------------------------------------------------------------
 def trl_rl(trl, hf_dir: str, tok, verifier, prompts: list[str], cfg: RLVRConfig, device, warmup: int,
-           iterations: int) -> dict:
-    """Time per iteration of TRL's GRPOTrainer (between reward calls), with the mean completion length."""
+           iterations: int, synced: bool) -> dict:
+    """Time per iteration of TRL's GRPOTrainer (between reward calls; ``synced``: the device synchronised at
+    each), with the mean completion length."""
     from datasets import Dataset
     from transformers import AutoModelForCausalLM
 
@@ -207,7 +215,7 @@ def trl_rl(trl, hf_dir: str, tok, verifier, prompts: list[str], cfg: RLVRConfig,
     for p in prompts[:64]:  # TRL tokenises the prompt texts itself: the ids must be the lab's
         if hf_tok(text=p)["input_ids"] != [tok.bos_id, *tok.encode(p)]:
             raise RuntimeError(f"TRL's tokenizer reads {p!r} as {hf_tok(text=p)['input_ids']}, not as the lab's ids")
-    clock, lengths = Clock(device), []
+    clock, lengths = Clock(device, synced), []
     batch = cfg.prompts_per_iteration * cfg.samples_per_prompt // cfg.minibatches  # completions an optimizer step
     model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
     with tempfile.TemporaryDirectory() as out:
@@ -252,6 +260,8 @@ OPTIONS = {  # flags: argparse's keywords
     ("--iterations",): {"type": int, "default": 0, "help": "timed iterations per side (0: 6, 4 at smoke scale)"},
     ("--warmup",): {"type": int, "default": 0, "help": "untimed iterations first (0: 3, 2 at smoke scale)"},
     ("--quick",): {"action": "store_true", "help": "1 warm-up and 2 timed iterations: a smoke check"},
+    ("--clock",): {"default": "free", "choices": ["free", "synced"],
+                  "help": "free: stamp each reward call as it comes; synced: synchronise the device first (runs 1-15)"},
     ("--threads",): {"type": int, "default": 0, "help": "torch CPU threads (0 = torch's default)"},
     ("--out", "--json"): {"dest": "json", "default": "", "help": "also write the results to this JSON file"},
 }
@@ -282,10 +292,12 @@ def main(argv=None) -> dict:
 
     with tempfile.TemporaryDirectory() as hf_dir:  # the same weights for TRL, as a Hugging Face folder
         save_pretrained(model, hf_dir, bos_token_id=tok.bos_id, eos_token_id=tok.eos_id, pad_token_id=tok.pad_id)
-        labs = {what: attempt(lambda: lab_rl(model, tok, verifier, ids, arm, device, dtype, warmup, iterations),
-                              name=f"lab {what}") for what, arm in lab_arms(cfg, device).items()}
+        synced = args.clock == "synced"
+        labs = {what: attempt(lambda: lab_rl(model, tok, verifier, ids, arm, device, dtype, warmup, iterations,
+                                             synced), name=f"lab {what}")
+                for what, arm in lab_arms(cfg, device).items()}
         peer = attempt(lambda: trl_rl(trl, hf_dir, tok, verifier, [e.prompt for e in examples], cfg, device, warmup,
-                                      iterations), name="TRL GRPO")
+                                      iterations, synced), name="TRL GRPO")
     repeats = max(5, iterations)
     draws = attempt(lambda: lab_rollouts(model, tok, ids, cfg, device, dtype, repeats), name="lab rollouts")
 
@@ -299,8 +311,8 @@ def main(argv=None) -> dict:
     N = cfg.prompts_per_iteration * cfg.samples_per_prompt
     precision = "fp32" if dtype == torch.float32 else "bf16 autocast"
     print_markdown(f"{RECIPE} {scale} ({shape.model.n_layers} × {shape.model.hidden_size}), {precision}, median ms "
-                   f"per iteration after {warmup} warm-up — {env['device']}, torch {env['torch']}, transformers "
-                   f"{env['transformers']}, trl {env['trl']}, {env['date']}",
+                   f"per iteration after {warmup} warm-up, clock {args.clock} — {env['device']}, torch {env['torch']}, "
+                   f"transformers {env['transformers']}, trl {env['trl']}, {env['date']}",
                    rows, ["what", "lab ms", "TRL ms", "lab /s", "TRL /s", "lab/TRL", "timed"])
     mean_len = lambda r: f"{r['mean_completion']:.1f}" if isinstance(r, dict) else "n/a"
     print(f"\n{cfg.prompts_per_iteration} prompts × {cfg.samples_per_prompt} samples = {N} rollouts, ≤ "
@@ -328,7 +340,8 @@ def main(argv=None) -> dict:
     print("\n" + "\n".join(lines))
     payload = {"benchmark": "rlvr", **env, "scale": scale, "task": TASK, "recipe": RECIPE,
                "model": dataclasses.asdict(shape.model), "rlvr": dataclasses.asdict(cfg) | {"iterations": iterations},
-               "lam": rl.stage.lam, "warmup": warmup, "rows": rows, "rollouts": draws, "targets": lines}
+               "lam": rl.stage.lam, "warmup": warmup, "clock": args.clock, "rows": rows, "rollouts": draws,
+               "targets": lines}
     write_json(args.json, payload)
     return payload
 
