@@ -40,12 +40,10 @@ save about every quarter of the run): a killed run resumes from them, not from s
 
 from __future__ import annotations
 
-import ast
 import contextlib
 import dataclasses
 import datetime
 import hashlib
-import importlib.util
 import json
 import os
 import shutil
@@ -53,13 +51,12 @@ import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import lru_cache
 
 import torch
 from filelock import FileLock
 from torch import nn
 
-from halluc_lab import distributed, hf_convert
+from halluc_lab import code_trees, distributed, hf_convert
 from halluc_lab.data import Batch, batches
 from halluc_lab.model import ModelConfig, Transformer
 from halluc_lab.tasks import Task, TaskConfig, make_task
@@ -172,63 +169,6 @@ def _canonical(value):
     return value
 
 
-@lru_cache(maxsize=None)
-def _read_source(module: str) -> str:
-    """A module's source, read once per process (the code this process runs)."""
-    with open(importlib.util.find_spec(module).origin, encoding="utf-8") as f:
-        return f.read()
-
-
-def _strip_docstrings(tree: ast.AST) -> ast.AST:
-    for node in ast.walk(tree):
-        body = getattr(node, "body", None)
-        if (isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body
-                and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
-                and isinstance(body[0].value.value, str)):
-            node.body = body[1:] or [ast.Pass()]
-    return tree
-
-
-def _is_lab_module(name: str) -> bool:
-    try:
-        return name.split(".")[0] == "halluc_lab" and importlib.util.find_spec(name) is not None
-    except ImportError:  # "halluc_lab.x.y" with x a module: y is a name in it
-        return False
-
-
-def _tree_text(node) -> str:
-    """A syntax tree as text, the same on the Python versions the lab runs on (3.11 to 3.13): unlike
-    ``ast.dump``, whose text for one program differs between them (3.12 adds ``type_params=[]`` to every
-    function and class, 3.13 leaves out empty lists), it leaves out every field that is empty or None, and the
-    empty strings that 3.12 puts into some f-strings (``f"{x:{spec}}"``)."""
-    if isinstance(node, ast.JoinedStr):
-        node = ast.JoinedStr(values=[v for v in node.values if not (isinstance(v, ast.Constant) and v.value == "")])
-    if isinstance(node, ast.AST):
-        fields = ", ".join(f"{name}={_tree_text(value)}" for name, value in ast.iter_fields(node)
-                           if value is not None and value != [])
-        return f"{type(node).__name__}({fields})"
-    if isinstance(node, list):
-        return f"[{', '.join(map(_tree_text, node))}]"
-    return repr(node)
-
-
-@lru_cache(maxsize=256)
-def _parse(module: str, source: str) -> tuple[str, frozenset[str]]:
-    """(the syntax tree without docstrings, as text; the halluc_lab modules the code imports anywhere)."""
-    tree = ast.parse(source)
-    package = module if importlib.util.find_spec(module).submodule_search_locations else module.rpartition(".")[0]
-    found = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            found |= {a.name for a in node.names}
-        elif isinstance(node, ast.ImportFrom):
-            base = importlib.util.resolve_name("." * node.level + (node.module or ""), package)
-            subs = {f"{base}.{a.name}" for a in node.names if _is_lab_module(f"{base}.{a.name}")}
-            # "from pkg import sub" runs sub's code; pkg's own only for the names that are not modules
-            found |= subs | ({base} if len(subs) < len(node.names) else set())
-    return _tree_text(_strip_docstrings(tree)), frozenset(m for m in found if _is_lab_module(m))
-
-
 def code_modules(recipe: Recipe, source: Callable[[str], str] | None = None) -> tuple[str, ...]:
     """The halluc_lab modules whose code shapes a recipe's weights, sorted: those defining the recipe, stage,
     task, model, loss and batch preparation of each recipe of the chain, the loop, the checkpoint format and
@@ -238,29 +178,18 @@ def code_modules(recipe: Recipe, source: Callable[[str], str] | None = None) -> 
     >>> "halluc_lab.interactive" in code_modules(recipes.get("kb_walk-sft-clean", "smoke"))
     False
     """
-    source = source or _read_source
     roots = {__name__, train.__module__, Transformer.__module__, hf_convert.__name__}  # what _train calls
     for r in _lineage(recipe):
         for obj in (r, r.stage, r.task, r.model, r.stage.loss(r), r.stage.prepare(r)):
             roots.add(getattr(obj, "__module__", None) or type(obj).__module__)
-    todo, seen = [m for m in roots if _is_lab_module(m)], set()
-    while todo:
-        m = todo.pop()
-        if m not in seen:
-            seen.add(m)
-            todo += _parse(m, source(m))[1]
-    return tuple(sorted(seen))
+    return code_trees.closure(roots, source or code_trees.read_source)
 
 
 def code_fingerprint(recipe: Recipe, source: Callable[[str], str] | None = None) -> str:
-    """A hash of the syntax trees of :func:`code_modules` without docstrings (comments and layout are not
-    in the tree): it changes when their code does, not when their prose does, and not with the Python version
-    (the trees as :func:`_tree_text` writes them)."""
-    source = source or _read_source
-    h = hashlib.sha256()
-    for m in code_modules(recipe, source):
-        h.update(m.encode() + b"\0" + _parse(m, source(m))[0].encode() + b"\0")
-    return h.hexdigest()[:16]
+    """:func:`halluc_lab.code_trees.fingerprint` of :func:`code_modules`: a hash of their syntax trees without
+    docstrings, which changes when their code does, not when their prose does or with the Python version."""
+    source = source or code_trees.read_source
+    return code_trees.fingerprint(code_modules(recipe, source), source)
 
 
 def _identity(recipe: Recipe, dtype: torch.dtype) -> dict:

@@ -12,7 +12,7 @@ import warnings
 import pytest
 import torch
 
-from halluc_lab import recipe_cache, recipes
+from halluc_lab import code_trees, recipe_cache, recipes
 from halluc_lab import train as halluc_train
 from halluc_lab.data import IGNORE
 from halluc_lab.model import ModelConfig
@@ -275,13 +275,13 @@ def test_code_modules_are_what_the_recipe_imports_and_nothing_else():
 def test_imports_inside_functions_count_and_from_package_import_module_names_the_module():
     source = ("from halluc_lab import engine\nimport torch\n"
               "def f():\n    import halluc_lab.claims\n    from halluc_lab.tasks import make_task\n")
-    _, found = recipe_cache._parse("halluc_lab.losses", source)
+    _, found = code_trees.parse("halluc_lab.losses", source)
     assert found == {"halluc_lab.engine", "halluc_lab.claims", "halluc_lab.tasks"}
 
 
 def test_the_code_fingerprint_follows_code_the_recipe_uses_not_prose_or_other_modules(monkeypatch):
     r = tiny_sft()
-    real = recipe_cache._read_source
+    real = code_trees.read_source
 
     def edited(target, edit):
         return lambda m: edit(real(m)) if m == target else real(m)
@@ -295,7 +295,7 @@ def test_the_code_fingerprint_follows_code_the_recipe_uses_not_prose_or_other_mo
     assert recipes.code_fingerprint(r, prose) == base
     assert recipes.code_fingerprint(r, edited("halluc_lab.interactive", lambda s: s + "\nX = 1\n")) == base
     k = recipes.key(r)
-    monkeypatch.setattr(recipe_cache, "_read_source", code)
+    monkeypatch.setattr(code_trees, "read_source", code)
     assert recipes.key(r) != k
 
 
@@ -513,7 +513,7 @@ def test_strip_docstrings_keeps_code_and_drops_prose():
     src = 'def f(x):\n    """Docstring."""\n    # a comment\n    return x + 1\n'
     prose = 'def f(x):\n    """Other words."""\n\n    return x + 1  # another comment\n'
     code = 'def f(x):\n    """Docstring."""\n    return x + 2\n'
-    dump = lambda s: ast.dump(recipe_cache._strip_docstrings(ast.parse(s)))
+    dump = lambda s: ast.dump(code_trees.strip_docstrings(ast.parse(s)))
     assert dump(src) == dump(prose) != dump(code)
 
 
@@ -522,13 +522,13 @@ def test_the_tree_text_leaves_out_what_python_versions_add_or_drop():
     empty lists) and no empty strings inside f-strings (3.12's), so 3.11, 3.12 and 3.13 give one key."""
     import ast
 
-    assert recipe_cache._tree_text(ast.parse("def f(): pass")) == (
+    assert code_trees.tree_text(ast.parse("def f(): pass")) == (
         "Module(body=[FunctionDef(name='f', args=arguments(), body=[Pass()])])")
     padded = ast.parse('f"{x:{s}}"')
     fstring = padded.body[0].value
     fstring.values[0].format_spec.values.append(ast.Constant(""))  # as 3.12.1 parses it
-    assert recipe_cache._tree_text(padded) == recipe_cache._tree_text(ast.parse('f"{x:{s}}"'))
-    assert recipe_cache._tree_text(padded) != recipe_cache._tree_text(ast.parse('f"{x:{t}}"'))
+    assert code_trees.tree_text(padded) == code_trees.tree_text(ast.parse('f"{x:{s}}"'))
+    assert code_trees.tree_text(padded) != code_trees.tree_text(ast.parse('f"{x:{t}}"'))
 
 
 # -- several chains at once ----------------------------------------------------------------------------
