@@ -218,7 +218,8 @@ class CapturedUpdate:
         rows, self._scored = self.rows(which, out), []
         for part in parts:
             part = to_device(part, self.device)
-            self._load(r := {name: value[part] for name, value in rows.items()})
+            r = {name: value[part] for name, value in rows.items()}
+            self._load(r)
             self._scored.append((part, r, *[x.clone() for x in self.graphs.run("score", self._score_body)]))
 
     def update(self, advantages: Tensor, mask: Tensor) -> Tensor:
