@@ -82,12 +82,12 @@ def _keep_rows(prompts, logs, sampled, width: int, pad_id: int) -> RoundRows:
         raise ValueError("every rollout needs a prompt of at least one token (<bos>)")
     if any(len(t) != len(s) for t, s in zip(logs, sampled)):
         raise ValueError("each rollout's tokens and sampled flags must have one length")
+    flags = _padded(sampled, n_log, bool)
     ids, labels = keep_rows(_padded(prompts, n_prompt, np.int64), torch.from_numpy(n_prompt),
-                            _padded(logs, n_log, np.int64), torch.from_numpy(n_log), _padded(sampled, n_log, bool),
+                            _padded(logs, n_log, np.int64), torch.from_numpy(n_log), flags,
                             int((n_prompt + n_log).max()), pad_id)
-    row, col = _ragged(n_log)
-    flags = np.fromiter(chain.from_iterable(sampled), dtype=bool, count=len(row))
-    return RoundRows(ids, labels, torch.from_numpy(row[flags] * width + col[flags]), (len(logs), width))
+    row, col = flags.nonzero(as_tuple=True)  # row-major: each rollout's sampled tokens in log order
+    return RoundRows(ids, labels, row * width + col, (len(logs), width))
 
 
 def _padded(rows, lengths: np.ndarray, dtype, width: int | None = None) -> Tensor:
