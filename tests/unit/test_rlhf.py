@@ -69,7 +69,8 @@ def test_ppo_rejects_bad_settings_and_a_shared_reference():
             seed=0, cuda_graph=True)
 
 
-def test_the_reward_model_of_rlhf_learns_the_verifiers_ranking(cache):
+@pytest.mark.usefixtures("cache")
+def test_the_reward_model_of_rlhf_learns_the_verifiers_ranking():
     sft = recipes.load_recipe(tiny_chain(RLHF_STAGE).parent, CPU)
     ex = sft.task.examples("heldout", 64, seed=3)
     groups = sample_groups(sft.model, sft.tokenizer, sft.task, ex, 4, seed=0)
@@ -93,7 +94,8 @@ RLHF_STAGE = PPO(n_prompts=64, config=ROUNDS, reward_model=RewardModelPlan(sampl
 
 
 @pytest.mark.parametrize("stage", [PPO(n_prompts=64, config=ROUNDS), RLHF_STAGE], ids=["verifier", "rlhf"])
-def test_a_tiny_ppo_stage_trains_through_the_recipe_cache_and_keeps_its_round_history(cache, stage):
+@pytest.mark.usefixtures("cache")
+def test_a_tiny_ppo_stage_trains_through_the_recipe_cache_and_keeps_its_round_history(stage):
     r = tiny_chain(stage, steps=4)
     assert "halluc_lab.rlhf" in recipes.code_modules(r)  # its code is in the key
     first = recipes.load_recipe(r, CPU)
@@ -143,7 +145,8 @@ def test_ppo_on_cuda_replays_graphs_that_match_the_eager_run_bit_for_bit_and_rep
 
 
 @pytest.mark.gpu
-def test_a_ppo_stage_trains_on_cuda_and_twice_gives_the_same_weights(cache):
+@pytest.mark.usefixtures("cache")
+def test_a_ppo_stage_trains_on_cuda_and_twice_gives_the_same_weights():
     cuda = torch.device("cuda")
     r = tiny_chain(RLHF_STAGE, steps=3)
     first = recipes.load_recipe(r, cuda, torch.bfloat16)
