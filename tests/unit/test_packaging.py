@@ -187,3 +187,15 @@ def test_the_lint_ratchet_lists_exactly_the_files_that_still_break_each_rule():
     assert listed == found, ("[tool.ruff.lint.per-file-ignores] must list exactly the files that "
                              "still break each rule (the list only shrinks: fix new lines). "
                              f"Today:\n{table}")
+
+
+def test_the_citation_file_is_cff_1_2_and_names_the_package_version():
+    import yaml
+
+    import halluc_lab
+
+    cff = yaml.safe_load((ROOT / "CITATION.cff").read_text(encoding="utf-8"))
+    assert cff["cff-version"] == "1.2.0"
+    assert {"message", "title", "authors"} <= set(cff) and cff["authors"]
+    assert cff["version"] == PROJECT["version"] == halluc_lab.__version__
+    assert cff["license"] == PROJECT["license"]
