@@ -330,21 +330,24 @@ def _fault(path: str, recipe: Recipe, platform: Platform) -> str | None:
     if bad:
         return f"{bad} differ from the SHA-256 recorded when written (corrupt or truncated)"
     expected = json.loads(json.dumps(_identity(recipe, platform), sort_keys=True, default=str))  # as written
-    if _json(os.path.join(path, "recipe.json")) != expected:
+    try:
+        written = _json(os.path.join(path, "recipe.json"))
+    except ValueError as e:
+        return f"recipe.json is not JSON ({e})"
+    if written != expected:
         raise ValueError(f"{path} holds a checkpoint of a different recipe or platform (same key, other "
                          "config): delete the directory or bump recipe_cache.FORMAT_VERSION")
-    return _non_finite(os.path.join(path, "model"))
+    return _unloadable(path, recipe)
 
 
-def _non_finite(model_dir: str) -> str | None:
-    """Which weight tensors of a saved model hold NaN or inf (a fault), or None."""
-    from safetensors.torch import load_file
-
-    bad = []
-    for name in sorted(os.listdir(model_dir)):
-        if name.endswith(".safetensors"):
-            bad += [k for k, t in load_file(os.path.join(model_dir, name)).items()
-                    if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+def _unloadable(path: str, recipe: Recipe) -> str | None:
+    """Why an entry whose checksums match cannot be used — it does not load, or its weights hold NaN or inf —
+    or None. Checksums catch damage after the write; this catches what was wrong when written (or re-hashed)."""
+    try:
+        model = _read(path, recipe, torch.device("cpu"), False).model
+    except Exception as e:  # noqa: BLE001 - whatever a damaged file raises, the entry is trained again
+        return f"it does not load ({type(e).__name__}: {e})"
+    bad = [k for k, t in model.state_dict().items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
     return f"its weights {bad[:5]}{' …' if len(bad) > 5 else ''} hold NaN or inf" if bad else None
 
 
