@@ -164,6 +164,11 @@ STAGE_PLANS = {
                       parent="sft-clean"),
     "rlvr-bksp": StagePlan(lambda plan: RLVR(plan.preference_prompts, plan.rlvr, lam=RLVR_LAMBDA),
                            lr={"smoke": 3e-4, "full": 2e-5}, warmup_divisor=10, seed=3, parent="sft-backspace"),
+    # The arm that isolates the key: RLVR from backspace SFT (the same start as rlvr-bksp) with <bksp> masked
+    # during RL, so "RLVR + bksp" against it differs only in whether the token may be used, not in the start.
+    "rlvr-bksp-masked": StagePlan(lambda plan: RLVR(plan.preference_prompts, dataclasses.replace(
+        plan.rlvr, allow_bksp=False), lam=RLVR_LAMBDA), lr={"smoke": 3e-4, "full": 2e-5}, warmup_divisor=10, seed=3,
+        parent="sft-backspace"),
     # The third starting point: backspace demonstrations from the clean SFT model's own errors (2 answers per
     # prompt at τ = 1, cut at the first wrong symbol), at a third of clean SFT's rate; then RLVR from it.
     "sft-own-errors": StagePlan(lambda plan: OwnErrorsSFT(plan.preference_prompts, samples=2),
@@ -194,8 +199,10 @@ _SFT_STAGES = ("sft-clean", "sft-backspace", "sft-scheduled")
 # Chapter 9's stages on kb_walk and arithmetic, about three passes over their rows: DPO's pairs (one per prompt
 # whose 8 samples do not all tie) and RSFT's kept samples, packed (about ten to a row).
 _PREFERENCE_STEPS = {"smoke": {"dpo": 40, "rsft": 9, "rsft-soft": 9, "ppo": 8, "rlvr": 16, "rlvr-bksp": 16,
+                               "rlvr-bksp-masked": 16,
                                "sft-own-errors": 24, "rlvr-own": 16, "sft-corrections": 24, "rlvr-corrections": 16},
                      "full": {"dpo": 60, "rsft": 8, "rsft-soft": 8, "ppo": 48, "rlvr": 100, "rlvr-bksp": 100,
+                              "rlvr-bksp-masked": 100,
                               "sft-own-errors": 40, "rlvr-own": 100, "sft-corrections": 40, "rlvr-corrections": 100}}
 for _steps in _PREFERENCE_STEPS.values():  # chapter 10's RSFT and DPO (_SUFFIX_PARENTS): chapter 9's steps
     _steps |= {f"{method}-{suffix}": _steps[method] for method in ("rsft", "dpo") for suffix, _ in _SUFFIX_PARENTS}

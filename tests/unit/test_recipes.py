@@ -75,7 +75,7 @@ def test_every_name_exists_at_smoke_scale_and_sft_starts_from_its_pretraining():
             parent = (f"{task}-sft-clean" if name in ("path_star-sft-backspace", "path_star-sft-continued")
                       or stage in ("dpo", "rsft", "rsft-soft", "ppo", "rlhf", "rlhf-agreeable", "rlvr", "sft-own-errors",
                                    "sft-corrections")
-                      else f"{task}-sft-backspace" if stage in ("rlvr-bksp", "rsft-bksp", "dpo-bksp")
+                      else f"{task}-sft-backspace" if stage in ("rlvr-bksp", "rlvr-bksp-masked", "rsft-bksp", "dpo-bksp")
                       else f"{task}-sft-own-errors" if stage in ("rlvr-own", "rsft-own", "dpo-own")
                       else f"{task}-sft-corrections"
                       if stage in ("rlvr-corrections", "rsft-corrections", "dpo-corrections")
@@ -116,6 +116,16 @@ def test_one_pass_is_counted_once_and_kept_under_the_recipe_key(fresh_registry, 
         with pytest.warns(recipes.CacheWarning, match=re.escape(str(kept))), \
                 pytest.raises(AssertionError, match="built again"):
             recipes.get("arithmetic-pretrain", "smoke")
+
+
+def test_the_isolate_the_key_arm_differs_from_rlvr_bksp_only_in_masking_the_token_during_rl():
+    for task in ("kb_walk", "arithmetic"):
+        allowed, masked = (recipes.get(f"{task}-{s}", "smoke") for s in ("rlvr-bksp", "rlvr-bksp-masked"))
+        assert masked.parent == allowed.parent and masked.parent.name == f"{task}-sft-backspace"
+        assert allowed.stage.config.allow_bksp and not masked.stage.config.allow_bksp
+        same = dataclasses.replace(masked, name=allowed.name, stage=dataclasses.replace(
+            masked.stage, config=dataclasses.replace(masked.stage.config, allow_bksp=True)))
+        assert same == allowed
 
 
 @pytest.mark.parametrize("bad", ["kb_walk-finetune", "chess-pretrain", "kb_walk"])
