@@ -68,8 +68,8 @@ def footer(rt: Runtime):
 def read_glue(nb) -> dict:
     """The values a notebook glued, parsed from their plain-text form."""
     values: dict = {}
-    for cell in nb.cells:
-        for output in cell.get("outputs", []) if cell.cell_type == "code" else []:
+    for cell in nb["cells"]:  # a NotebookNode or the plain JSON of a notebook
+        for output in cell.get("outputs", []) if cell["cell_type"] == "code" else []:
             meta = output.get("metadata", {}).get("scrapbook")
             if not meta:
                 continue
@@ -114,13 +114,13 @@ def stale_footers(root: Path) -> dict[str, list[str]]:
     train again: ``{stem: the modules whose code moved}`` (``["(no module hashes recorded)"]`` for a footer
     written before they were, ``["(cache format N)"]`` for another cache format). Chapters that train nothing
     are never stale. Reading the notebooks runs nothing."""
-    import nbformat
+    import json
 
     from halluc_lab.recipe_cache import FORMAT_VERSION, moved_modules
 
     out: dict[str, list[str]] = {}
     for stem in toc_notebooks(root):
-        glued = read_glue(nbformat.read(Path(root) / "notebooks" / f"{stem}.ipynb", as_version=4))
+        glued = read_glue(json.loads((Path(root) / "notebooks" / f"{stem}.ipynb").read_text(encoding="utf-8")))
         if not glued.get("run_recipes"):
             continue
         code = glued.get("run_code")
