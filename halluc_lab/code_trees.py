@@ -1,6 +1,6 @@
 """The lab's code as syntax trees: what a module imports, and its code without its prose, as text that every
 Python version the lab runs on writes alike (3.11 to 3.13); hashed, the fingerprint a recipe's cache key covers
-(:func:`halluc_lab.recipe_cache.code_fingerprint`).
+(:func:`halluc_lab.recipe_cache.code_modules`).
 
 A docstring, a comment or a line break is not code: :func:`parse` drops docstrings from the tree, and comments and
 layout are never in it. :func:`closure` follows a set of modules through every ``halluc_lab`` import they make,
@@ -63,6 +63,25 @@ def tree_text(node) -> str:
     return repr(node)
 
 
+def _is_type_checking(test: ast.expr) -> bool:
+    """Whether an ``if`` tests ``TYPE_CHECKING`` (or ``typing.TYPE_CHECKING``): its body never runs."""
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _runtime_nodes(tree: ast.AST):
+    """Every node of ``tree`` except those inside ``if TYPE_CHECKING:`` (imports for annotations run no code)."""
+    todo = [tree]
+    while todo:
+        node = todo.pop()
+        yield node
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and _is_type_checking(child.test):
+                todo += child.orelse  # the else branch does run
+            else:
+                todo.append(child)
+
+
 @lru_cache(maxsize=256)
 def parse(module: str, source: str) -> tuple[str, frozenset[str]]:
     """(the syntax tree without docstrings, as :func:`tree_text`; the halluc_lab modules the code imports
@@ -70,7 +89,7 @@ def parse(module: str, source: str) -> tuple[str, frozenset[str]]:
     tree = ast.parse(source)
     package = module if importlib.util.find_spec(module).submodule_search_locations else module.rpartition(".")[0]
     found = set()
-    for node in ast.walk(tree):
+    for node in _runtime_nodes(tree):
         if isinstance(node, ast.Import):
             found |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom):
@@ -81,24 +100,36 @@ def parse(module: str, source: str) -> tuple[str, frozenset[str]]:
     return tree_text(strip_docstrings(tree)), frozenset(m for m in found if is_lab_module(m))
 
 
-def closure(roots: Iterable[str], source: Source | None = None) -> tuple[str, ...]:
+def closure(roots: Iterable[str], source: Source | None = None, *,
+            exempt: Iterable[str] = ()) -> tuple[str, ...]:
     """The halluc_lab modules among ``roots`` and every halluc_lab module they import, transitively, sorted
-    (``source(module)``: its text; default :func:`read_source`)."""
-    source = source or read_source
-    todo, seen = [m for m in roots if is_lab_module(m)], set()
+    (``source(module)``: its text; default :func:`read_source`). A module in ``exempt`` is neither listed nor
+    followed: code that cannot change what the roots compute (a progress bar)."""
+    source, exempt = source or read_source, frozenset(exempt)
+    todo, seen = [m for m in roots if is_lab_module(m) and m not in exempt], set()
     while todo:
         m = todo.pop()
         if m not in seen:
             seen.add(m)
-            todo += parse(m, source(m))[1]
+            todo += [i for i in parse(m, source(m))[1] if i not in exempt]
     return tuple(sorted(seen))
 
 
-def fingerprint(modules: Iterable[str], source: Source | None = None) -> str:
-    """A hash of the modules' names and their syntax trees without docstrings: it changes when their code does,
-    not when their prose does, and not with the Python version."""
+def module_hash(module: str, source: Source | None = None) -> str:
+    """A hash of one module's name and its syntax tree without docstrings: it changes when its code does, not
+    when its prose does, and not with the Python version."""
     source = source or read_source
-    h = hashlib.sha256()
-    for m in modules:
-        h.update(m.encode() + b"\0" + parse(m, source(m))[0].encode() + b"\0")
-    return h.hexdigest()[:16]
+    text = module.encode() + b"\0" + parse(module, source(module))[0].encode()
+    return hashlib.sha256(text).hexdigest()[:16]
+
+
+def module_hashes(modules: Iterable[str], source: Source | None = None) -> dict[str, str]:
+    """``{module: module_hash(module)}``, sorted by name: what a cache entry records, so that a key that moved
+    names the module whose code did."""
+    return {m: module_hash(m, source) for m in sorted(modules)}
+
+
+def fingerprint(modules: Iterable[str], source: Source | None = None) -> str:
+    """One hash of :func:`module_hashes`: it changes when any of the modules' code does."""
+    blob = "\n".join(f"{m}:{h}" for m, h in module_hashes(modules, source).items())
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]

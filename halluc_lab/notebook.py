@@ -4,7 +4,9 @@ The last cell of every chapter calls :func:`footer`. It shows the run's device,
 scale, seed, library version and date, and glues them (``run_device``, ...) so
 that ``scripts/reproduce.py`` can copy them into the notebook's metadata. It also lists
 the recipe cache keys of every trained model the chapter loaded, so two chapters that say
-they use the same models can be seen to (``run_recipes``).
+they use the same models can be seen to (``run_recipes``), and the hash of each module those keys
+cover (``run_code``), so that a later code state can say which chapters' footers are stale and
+which module moved (:func:`stale_footers`; ``make test`` prints them).
 """
 
 from __future__ import annotations
@@ -46,13 +48,14 @@ def footer(rt: Runtime):
     from IPython.display import Markdown
     from myst_nb import glue
 
-    from halluc_lab.recipe_cache import used
+    from halluc_lab.recipe_cache import FORMAT_VERSION, used, used_code
 
     meta = run_metadata(rt)
     for key, value in meta.items():
         glue(f"run_{key}", value, display=False)
     recipes = used()
     glue("run_recipes", ", ".join(f"{name}:{k}" for name, k in recipes), display=False)
+    glue("run_code", {"format": FORMAT_VERSION, "modules": used_code()}, display=False)
     text = (f"<small>Run on **{meta['device']}** at scale **{meta['scale']}**, seed {meta['seed']}, "
             f"halluc_lab {meta['version']}, torch {meta['torch']}, {meta['date']}.</small>")
     if recipes:
@@ -65,8 +68,8 @@ def footer(rt: Runtime):
 def read_glue(nb) -> dict:
     """The values a notebook glued, parsed from their plain-text form."""
     values: dict = {}
-    for cell in nb.cells:
-        for output in cell.get("outputs", []) if cell.cell_type == "code" else []:
+    for cell in nb["cells"]:  # a NotebookNode or the plain JSON of a notebook
+        for output in cell.get("outputs", []) if cell["cell_type"] == "code" else []:
             meta = output.get("metadata", {}).get("scrapbook")
             if not meta:
                 continue
@@ -104,3 +107,28 @@ def toc_files(root: Path) -> list[str]:
 def toc_notebooks(root: Path) -> list[str]:
     """Stems of the chapter notebooks the book lists, in book order."""
     return [Path(f).name for f in toc_files(root) if f.startswith("notebooks/")]
+
+
+def stale_footers(root: Path) -> dict[str, list[str]]:
+    """The chapters of the book at ``root`` whose committed footers list trained models that today's code would
+    train again: ``{stem: the modules whose code moved}`` (``["(no module hashes recorded)"]`` for a footer
+    written before they were, ``["(cache format N)"]`` for another cache format). Chapters that train nothing
+    are never stale. Reading the notebooks runs nothing."""
+    import json
+
+    from halluc_lab.recipe_cache import FORMAT_VERSION, moved_modules
+
+    out: dict[str, list[str]] = {}
+    for stem in toc_notebooks(root):
+        glued = read_glue(json.loads((Path(root) / "notebooks" / f"{stem}.ipynb").read_text(encoding="utf-8")))
+        if not glued.get("run_recipes"):
+            continue
+        code = glued.get("run_code")
+        if not isinstance(code, dict) or "modules" not in code:
+            out[stem] = ["(no module hashes recorded)"]
+        elif code.get("format") != FORMAT_VERSION:
+            out[stem] = [f"(cache format {code.get('format')})"]
+        elif moved := moved_modules(code["modules"]):
+            out[stem] = moved
+    return out
+

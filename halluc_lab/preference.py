@@ -21,11 +21,10 @@ Design. A pair is one packed row (:func:`~halluc_lab.reward_model.pair_rows`), s
 under shuffling, micro-batching and CUDA-graph capture. DPO's reference log-probs are computed once,
 before training, into ``PreferencePairs.reference`` ``(P, 2)``, and :class:`DPOLoss` looks each row's
 up by the pair number its segment ids carry: no reference forward pass during training.
-:class:`DPOTraining` and :class:`RSFTTraining` are what a DPO or RSFT recipe stage does (the stage
-interface of :class:`halluc_lab.recipe_cache.Stage`); the registry, a layer above, declares the stages
-themselves as ``class DPO(DPOTraining, Stage)``. They build their rows from the starting model at the
-first step (a stage's ``prepare`` is the only place it sees the model); a run killed in its process
-resumes from its checkpoints, one whose process died restarts from step 0, since the reference is gone.
+:class:`DPO`, :class:`RSFT` and :class:`OwnErrorsSFT` are the recipe stages (:class:`halluc_lab.recipe.Stage`):
+each overrides ``fit``, which samples from the starting model and builds its rows before the first step, then runs
+the plain loop over them; a killed run builds the same rows from the same starting model and resumes from its
+last checkpoint.
 
 Where the code departs from the documents:
 
@@ -42,9 +41,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
-from functools import lru_cache
 
 import torch
 from torch import nn
@@ -55,9 +52,9 @@ from halluc_lab.reward_model import (check_rate, PreferencePairs, SampleGroups, 
                                      build_pairs, pair_index, pair_masks, rank_pairs, sample_groups)
 from halluc_lab.evaluate import distinct_examples, model_device
 from halluc_lab.sft import own_error_demonstration
-from halluc_lab.tasks import Example, Task, make_task
-from halluc_lab.tasks.base import check_count, split_of
-from halluc_lab.train import CheckpointError
+from halluc_lab.recipe import Recipe, Stage
+from halluc_lab.tasks.base import Example, Task, check_count, make_task, split_of
+from halluc_lab.train import History, Loss, NextTokenLoss, train
 
 CHUNK = 512  # rows per generation or forward pass
 
@@ -178,76 +175,41 @@ def rsft_rows(groups: SampleGroups, picks: torch.Tensor, seq_len: int, *, min_re
     return pack(seqs, seq_len, groups.pad_id)
 
 
-# -- recipe stages: DPO and RSFT on the starting model's own samples ---------------------------------------
-class _OwnSamples:
-    """One training run of such a stage: its rows are built from the starting model at step 1.
+# -- recipe stages: DPO, RSFT and own-errors SFT on the starting model's own samples ------------------------
+@dataclass(frozen=True)
+class _FromOwnSamples(Stage):
+    """A stage that learns from the starting model's samples: ``n_prompts`` prompts of :func:`preference_examples`
+    (the recipe's seed), :meth:`build` turning them into rows and a loss, then the plain loop over those rows."""
 
-    The recipe cache asks a stage for ``data``, ``prepare`` and ``loss`` separately, and only ``prepare``
-    sees the model; so ``data`` yields a stand-in batch, and ``prepare`` builds the rows at step 1 (the
-    model is then the starting model, the reference) and draws each step's batch from them, seeded by
-    (seed, step) as :func:`~halluc_lab.data.batches` does.
-    """
+    def rows(self, recipe: Recipe) -> Batch:
+        raise ValueError(f"{type(self).__name__} builds its rows from the starting model's samples, so they cannot "
+                         "be listed beforehand: give the stage its steps in the task's plan")
 
-    def __init__(self, stage, recipe):
-        self.stage, self.recipe = stage, recipe
-        self.draw: Callable[[int], Batch] | None = None
-        self.reference: torch.Tensor | None = None  # DPO: (P, 2) π_ref's log-probs
+    def build(self, model: nn.Module, tok, task: Task, examples: list[Example], recipe: Recipe) -> tuple[Batch, Loss]:
+        """The rows to train on and the loss, from ``model``, the starting model."""
+        raise NotImplementedError(f"{type(self).__name__} must define build(...)")
 
-    def data(self, device: torch.device) -> Callable[[int], Batch]:
-        stand_in = Batch(torch.zeros(1, 1, dtype=torch.long, device=device),
-                         torch.full((1, 1), IGNORE, dtype=torch.long, device=device))
-        return lambda step: stand_in
+    def fit(self, recipe: Recipe, model: nn.Module, device: torch.device, dtype: torch.dtype,
+            checkpoints: str) -> History:
+        """Sample from ``model`` (the parent's weights, before any step) and build the rows, then train on them.
 
-    def prepare(self, model: nn.Module, batch: Batch, step: int) -> Batch:
-        if step == 1:
-            task = make_task(self.recipe.task)
-            examples = preference_examples(task, self.stage.n_prompts, seed=self.recipe.seed)
-            rows, self.reference = self.stage.build(model, task.tokenizer(), task, examples, self.recipe)
-            if rows.input_ids.shape[0] < self.recipe.batch_size:
-                raise ValueError(f"{type(self.stage).__name__}: the starting model's samples gave "
-                                 f"{rows.input_ids.shape[0]} rows, fewer than batch_size={self.recipe.batch_size}: "
-                                 "draw more prompts or samples")
-            self.draw = batches(rows.to(model_device(model)), self.recipe.batch_size, self.recipe.seed)
-        elif self.draw is None:  # a resumed run: its model is no longer the reference the rows must come from
-            raise CheckpointError(f"{type(self.stage).__name__} builds its rows from the starting model at step 1 "
-                                  "and cannot resume at a later step")
-        return self.draw(step - 1)
-
-    def dpo_loss(self, model: nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-        return DPOLoss(self.stage.beta, self.reference)(model, batch)
-
-
-@lru_cache(maxsize=8)
-def _run(stage, recipe) -> _OwnSamples:
-    """The run of (stage, recipe): its data, prepare and loss share the rows built at step 1."""
-    return _OwnSamples(stage, recipe)
+        The rows are built before :func:`~halluc_lab.train.train` loads a checkpoint, so a resumed run builds the
+        same rows from the same starting model and goes on from its last checkpoint."""
+        task = make_task(recipe.task)
+        examples = preference_examples(task, self.n_prompts, seed=recipe.seed)
+        rows, loss = self.build(model, task.tokenizer(), task, examples, recipe)
+        if rows.input_ids.shape[0] < recipe.batch_size:
+            raise ValueError(f"{type(self).__name__}: the starting model's samples gave {rows.input_ids.shape[0]} "
+                             f"rows, fewer than batch_size={recipe.batch_size}: draw more prompts or samples")
+        data = batches(rows.to(device), recipe.batch_size, recipe.seed)
+        return train(model, data, recipe.train, checkpoint_dir=checkpoints, resume=True, loss=loss,
+                     autocast_dtype=dtype, desc=recipe.name)
 
 
 @dataclass(frozen=True)
-class _FromOwnSamples:
-    """The stage interface (:class:`halluc_lab.recipe_cache.Stage`) of a stage that learns from the starting
-    model's samples: ``n_prompts`` prompts of :func:`preference_examples` (the recipe's seed), ``build`` turning
-    them into rows."""
-
-    def rows(self, recipe) -> Batch:
-        raise ValueError(f"{type(self).__name__} builds its rows from the starting model's samples at the first "
-                         "step, so they cannot be listed beforehand: give the stage its steps in the task's plan")
-
-    def data(self, recipe, device: torch.device) -> Callable[[int], Batch]:
-        return _run(self, recipe).data(device)
-
-    def prepare(self, recipe) -> Callable[[nn.Module, Batch, int], Batch]:
-        return _run(self, recipe).prepare
-
-
-@dataclass(frozen=True)
-class DPOTraining(_FromOwnSamples):
-    """DPO on pairs of the starting model's samples ranked by the task's verifier (what a DPO stage trains).
-
-    The registry's stage is ``@dataclass(frozen=True) class DPO(DPOTraining, Stage)`` (recipes owns
-    :class:`~halluc_lab.recipe_cache.Stage`, a layer above this module). A pair row is as long as the
-    longest pair; ``recipe.seq_len`` does not apply.
-    """
+class DPO(_FromOwnSamples):
+    """DPO on pairs of the starting model's samples ranked by the task's verifier, with a share of the labels
+    flipped (chapter 9). A pair row is as long as the longest pair; ``recipe.seq_len`` does not apply."""
 
     n_prompts: int  # prompts drawn by preference_examples (with the recipe's seed)
     samples: int = 4  # G completions per prompt, ranked by the verifier
@@ -262,23 +224,19 @@ class DPOTraining(_FromOwnSamples):
         check_rate("flip_rate", self.flip_rate)
         check_positive("beta", self.beta)
 
-    def build(self, model, tok, task, examples, recipe) -> tuple[Batch, torch.Tensor]:
+    def build(self, model, tok, task, examples, recipe) -> tuple[Batch, Loss]:
         groups = sample_groups(model, tok, task, examples, self.samples, seed=recipe.seed)
         pairs = build_pairs(groups, flip_rate=self.flip_rate, pairs_per_prompt=self.pairs_per_prompt, seed=recipe.seed)
         pairs = precompute_reference_logps(model, pairs)  # the starting model is the reference
-        return pairs.rows(), pairs.reference
-
-    def loss(self, recipe) -> Callable[[nn.Module, Batch], tuple[torch.Tensor, torch.Tensor]]:
-        return _run(self, recipe).dpo_loss
+        return pairs.rows(), DPOLoss(self.beta, pairs.reference)
 
 
 @dataclass(frozen=True)
-class RSFTTraining(_FromOwnSamples):
+class RSFT(_FromOwnSamples):
     """RSFT (001 §2): N samples per prompt from the starting model, keep one by the verifier's reward, SFT
     on it — the best (``beta=None``) or one drawn with probability softmax(R/β) (:func:`soft_best_of_n`).
 
-    The registry's stage is ``@dataclass(frozen=True) class RSFT(RSFTTraining, Stage)``; its loss is the
-    stage default, next-token cross-entropy on the kept completions, packed in ``recipe.seq_len`` rows.
+    Its loss is next-token cross-entropy on the kept completions, packed in ``recipe.seq_len`` rows.
     """
 
     n_prompts: int  # prompts drawn by preference_examples (with the recipe's seed)
@@ -295,15 +253,15 @@ class RSFTTraining(_FromOwnSamples):
         if not (isinstance(self.lam, (int, float)) and math.isfinite(self.lam) and self.lam >= 0):
             raise ValueError(f"lam must be a finite number >= 0, got {self.lam!r}")
 
-    def build(self, model, tok, task, examples, recipe) -> tuple[Batch, None]:
+    def build(self, model, tok, task, examples, recipe) -> tuple[Batch, Loss]:
         groups = sample_groups(model, tok, task, examples, self.samples, seed=recipe.seed, lam=self.lam)
         picks = (best_of_n(groups.rewards) if self.beta is None
                  else soft_best_of_n(groups.rewards, self.beta, torch.Generator().manual_seed(recipe.seed)))
-        return rsft_rows(groups, picks, recipe.seq_len, min_reward=self.min_reward), None
+        return rsft_rows(groups, picks, recipe.seq_len, min_reward=self.min_reward), NextTokenLoss()
 
 
 @dataclass(frozen=True)
-class OwnErrorsTraining(_FromOwnSamples):
+class OwnErrorsSFT(_FromOwnSamples):
     """Backspace SFT on the starting model's own errors (chapter 10, DAgger-style): ``samples`` answers per prompt
     at τ = 1, each turned by :func:`~halluc_lab.sft.own_error_demonstration` into its prefix up to its first wrong
     symbol, ``<bksp>`` and the gold answer from there (a right answer: the clean example), packed in
@@ -319,8 +277,8 @@ class OwnErrorsTraining(_FromOwnSamples):
         if not isinstance(self.take_back, bool):
             raise TypeError(f"take_back must be a bool, got {self.take_back!r}")
 
-    def build(self, model, tok, task, examples, recipe) -> tuple[Batch, None]:
+    def build(self, model, tok, task, examples, recipe) -> tuple[Batch, Loss]:
         groups = sample_groups(model, tok, task, examples, self.samples, seed=recipe.seed)
         seqs = [own_error_demonstration(tok, ex, completion, take_back=self.take_back)
                 for ex, answers in zip(examples, groups.completions) for completion in answers]
-        return pack(seqs, recipe.seq_len, tok.pad_id), None
+        return pack(seqs, recipe.seq_len, tok.pad_id), NextTokenLoss()

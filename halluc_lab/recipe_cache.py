@@ -1,41 +1,39 @@
-"""What determines a trained model, and the cache that trains it once: derived keys, checksummed entries.
+"""The cache that trains a recipe once and loads it afterwards: derived keys, checksummed entries.
 
-:mod:`halluc_lab.recipes` names each model of the book (its registry and its stages); this module
-holds what the cache needs to know of a recipe — :class:`Recipe` and the :class:`Stage` interface
-the training goes through — and trains a recipe once and loads it afterwards (ARCHITECTURE.md §3), so
-any notebook runs alone, in any order.
-
-**A stage** is a frozen dataclass that owns how its data are assembled and what its training
-needs; the cache calls one method, ``fit(recipe, model, device, dtype, checkpoints) -> History``,
-whose default runs :func:`halluc_lab.train.train` over four more: ``rows(recipe)`` (every packed row
-it trains on), ``data(recipe, device)`` (``step -> Batch``, seeded draws from the rows, so a resumed
-run sees what an uninterrupted one would), ``prepare(recipe)`` (``prepare(model, batch, step) ->
-batch`` before each step, or None) and ``loss(recipe)`` (``loss(model, batch) -> (summed loss,
-count)``). A preference stage (DPO, RSFT) is one more dataclass of those four; an RL stage, whose
-training is rounds of rollouts and updates, overrides ``fit`` (:class:`halluc_lab.rlhf.PPOTraining`):
-no loop, table or branch of the cache changes.
+:mod:`halluc_lab.recipes` names each model of the book; :mod:`halluc_lab.recipe` defines what a recipe is and the
+:class:`~halluc_lab.recipe.Stage` interface its training goes through. This module trains a recipe once and loads
+it afterwards (ARCHITECTURE.md §3, §4), so any notebook runs alone, in any order.
 
 **Where.** Entries live in ``$HALLUC_CACHE/recipes/<name>/<key>/`` (without ``$HALLUC_CACHE``,
 in ``$XDG_CACHE_HOME/halluc_lab`` or ``~/.cache/halluc_lab``), each beside a ``<key>.lock`` file:
 a maintained file lock (``filelock``) keeps two processes from training one recipe at once.
 
-**The key** hashes the recipe (its parents included), the autocast dtype, :data:`FORMAT_VERSION`
-and :func:`code_fingerprint`: the syntax trees, without docstrings, of the modules the recipe's code
-uses (:func:`code_modules`) — those defining the classes of its chain (recipe, stage, task, model,
-loss, batch preparation), the loop and the checkpoint format, followed through their ``halluc_lab``
-imports. So a changed config or a changed line of that code trains afresh and never loads
-another's weights; editing prose, or a module the recipe never imports, does not. Bump
-:data:`FORMAT_VERSION` for a change the fingerprint cannot see (a library that computes differently).
-Code outside ``halluc_lab`` (a stage a notebook defines) enters the key by its config and class
-name only: rename it when its code changes.
+**The key** hashes everything that decides a trained model's bits, and nothing else:
+
+- the recipe (its parents included), as plain data with every config's type name;
+- :data:`FORMAT_VERSION`, for what the code cannot show (the entry's layout, a library that computes otherwise);
+- the code that can change the weights (:func:`code_modules`): the syntax trees, without docstrings, of the
+  modules that define the configs of each recipe of the chain (recipe, stage, task, model, the stage's nested
+  configs), its loss and batch preparation, and the loop, followed through their ``halluc_lab`` imports. A
+  stage lives beside its training, and a task's recipes import their task's module only, so a change to RLVR
+  code moves RLVR keys alone and a pre-training key covers no post-training code. Modules that cannot change
+  the bits (:data:`EXEMPT`, each backed by a test) are left out, and so is this module;
+- the platform (:class:`Platform`): the autocast dtype, the number of processes (a sum over ranks adds in
+  another order), on a CPU the number of threads, on a GPU its model. Two runs that can give different weights
+  never share a key.
+
+The hash of each module is recorded in the entry (``recipe.json``) and glued by a chapter's footer, so a key
+that moved names the module whose code did. Code outside ``halluc_lab`` (a stage a notebook defines) enters the
+key by its config and class name only: rename it when its code changes.
 
 **An entry** holds ``model/`` (a Hugging Face checkpoint and tokenizer, which
 ``AutoModelForCausalLM``/``AutoTokenizer`` load), ``history.json``, ``meta.json``, ``recipe.json``
 (what the key covers) and, written last, ``DONE``: the SHA-256 of every other file, checked on
-each load. A missing, garbled, truncated or extra file is reported (a :class:`CacheWarning`
-naming the path and the fault) and the recipe trained again; an intact entry of a different
-recipe raises. While training, ``checkpoints/`` holds the last checkpoints (the registry's recipes
-save about every quarter of the run): a killed run resumes from them, not from step 0.
+each load, and the weights are checked finite. A missing, garbled, truncated or extra file, or weights that
+hold NaN or inf, are reported (a :class:`CacheWarning` naming the path and the fault) and the recipe trained
+again; an intact entry of a different recipe or platform raises. While training, ``checkpoints/`` holds the
+last checkpoints (the registry's recipes save about every quarter of the run): a killed run resumes from them,
+not from step 0.
 """
 
 from __future__ import annotations
@@ -57,103 +55,71 @@ from filelock import FileLock
 from torch import nn
 
 from halluc_lab import code_trees, distributed, hf_convert
-from halluc_lab.data import Batch, batches
-from halluc_lab.model import ModelConfig, Transformer
-from halluc_lab.tasks import Task, TaskConfig, make_task
+from halluc_lab.model import Transformer
+from halluc_lab.recipe import Recipe, lineage
+from halluc_lab.tasks.base import Task, make_task
 from halluc_lab.tokenizer import Tokenizer
-from halluc_lab.train import (CheckpointError, History, Loss, NextTokenLoss, TrainConfig, file_sha256, latest_checkpoint,
-                              train)
+from halluc_lab.train import CheckpointError, History, file_sha256, latest_checkpoint
 
-FORMAT_VERSION = 2  # bump for a change the code fingerprint cannot see (2: entries carry checksums)
-SCALES = ("smoke", "full")
+FORMAT_VERSION = 3  # bump for a change the code fingerprint cannot see (2: checksums; 3: per-stage code, platform)
 ENV_CACHE = "HALLUC_CACHE"
+# Modules left out of every key, and why each cannot change a trained model's bits (each backed by a test):
+EXEMPT = (
+    "halluc_lab.progress",  # progress bars: print, draw no random numbers (test_progress_changes_no_bits)
+    "halluc_lab.code_trees",  # the key's own machinery: FORMAT_VERSION covers it
+    "halluc_lab.recipe_cache",  # this module: FORMAT_VERSION covers it
+)
 
 
-# -- recipes and stages ----------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Recipe:
-    """Everything that determines a trained model."""
-
-    name: str  # "<task>-<stage>", e.g. "kb_walk-sft-clean"
-    scale: str  # "smoke" or "full"
-    task: TaskConfig  # the task's world, splits and corpus
-    model: ModelConfig  # the decoder's shape (a recipe with a parent repeats the parent's)
-    train: TrainConfig  # optimisation
-    batch_size: int  # packed rows per optimizer step
-    seq_len: int  # tokens per packed row
-    stage: Stage  # what it trains on and how (halluc_lab.recipes: Pretraining, SFT)
-    parent: Recipe | None = None  # the recipe whose weights this one starts from (None: random init)
-    seed: int = 0  # model initialisation, data order and data draws
-
-    def __post_init__(self):
-        if self.scale not in SCALES:
-            raise ValueError(f"scale must be one of {SCALES}, got {self.scale!r}")
-        for name, low in (("batch_size", 1), ("seq_len", 1), ("seed", 0)):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < low:
-                raise ValueError(f"{name} must be an int >= {low}, got {v!r}")
-        if not isinstance(self.stage, Stage):
-            raise TypeError(f"stage must be a Stage (recipes.Pretraining, recipes.SFT, ...), "
-                            f"got {type(self.stage).__name__}")
-        if self.parent is not None and self.parent.model != self.model:
-            raise ValueError(f"{self.name}: its model config differs from its parent's ({self.parent.name})")
-
-    @property
-    def pretraining(self) -> Recipe:
-        """The recipe at the root of this one's parents (itself for a pre-training recipe)."""
-        return self if self.parent is None else self.parent.pretraining
+class CacheError(OSError):
+    """The cache cannot be used as configured (``$HALLUC_CACHE`` missing, not a folder, read-only)."""
 
 
-def with_seed(recipe: Recipe, seed: int) -> Recipe:
-    """The same chain under another seed: the root's seed becomes ``seed`` and every parent's moves
-    by as much, so each keeps its own draws (``with_seed(r, 0)`` is the registry's ``r``)."""
-    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
-        raise ValueError(f"seed must be an int >= 0, got {seed!r}")
-    shift = seed - recipe.pretraining.seed
-    parent = None if recipe.parent is None else with_seed(recipe.parent, seed)  # the same root, the same shift
-    return dataclasses.replace(recipe, seed=recipe.seed + shift, parent=parent)
-
-
-Prepare = Callable[[nn.Module, Batch, int], Batch]
-"""``prepare(model, batch, step) -> batch``: what is done to a batch before its optimizer step."""
-
-
-@dataclass(frozen=True)
-class Stage:
-    """What every stage offers; a subclass defines at least :meth:`rows`."""
-
-    def rows(self, recipe: Recipe) -> Batch:
-        """Every packed row the stage trains on."""
-        raise NotImplementedError(f"{type(self).__name__} must define rows(recipe)")
-
-    def data(self, recipe: Recipe, device: torch.device) -> Callable[[int], Batch]:
-        """``step -> Batch``: ``recipe.batch_size`` rows per step, each epoch in a fresh seeded order."""
-        return batches(self.rows(recipe).to(device), recipe.batch_size, recipe.seed)
-
-    def prepare(self, recipe: Recipe) -> Prepare | None:
-        """What is done to each batch before its step (None: nothing)."""
-        return None
-
-    def loss(self, recipe: Recipe) -> Loss:
-        """The loss the loop minimises: next-token cross-entropy on the batch's labels."""
-        return NextTokenLoss()
-
-    def fit(self, recipe: Recipe, model: nn.Module, device: torch.device, dtype: torch.dtype,
-            checkpoints: str) -> History:
-        """Train ``model`` in place (resuming from ``checkpoints``); its history. By default the loss-agnostic
-        loop over :meth:`data`, :meth:`prepare` and :meth:`loss`; a stage that is not one loss minimised step by
-        step (PPO's rounds of rollouts and updates) overrides this instead."""
-        return train(model, self.data(recipe, device), recipe.train, checkpoint_dir=checkpoints, resume=True,
-                     loss=self.loss(recipe), prepare=self.prepare(recipe), autocast_dtype=dtype, desc=recipe.name)
-
-
-# -- the key: the recipe and the code it uses -------------------------------------------------------
+# -- the key: the recipe, the code that can change its bits, the platform ----------------------------------
 def cache_root() -> str:
     """``$HALLUC_CACHE``, else ``$XDG_CACHE_HOME/halluc_lab``, else ``~/.cache/halluc_lab``."""
     if os.environ.get(ENV_CACHE):
         return os.environ[ENV_CACHE]
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(base, "halluc_lab")
+
+
+def _where() -> str:
+    """How the cache folder was chosen, for error messages."""
+    return f"${ENV_CACHE}={cache_root()}" if os.environ.get(ENV_CACHE) else f"the cache folder {cache_root()}"
+
+
+def usable_root() -> str:
+    """:func:`cache_root`, created if missing; a :class:`CacheError` naming the variable and the path if it is
+    not a folder or cannot be made."""
+    root = cache_root()
+    if os.path.exists(root) and not os.path.isdir(root):
+        raise CacheError(f"{_where()} is not a folder: point ${ENV_CACHE} at a folder (or unset it)")
+    try:
+        os.makedirs(root, exist_ok=True)
+    except OSError as e:
+        raise CacheError(f"cannot create {_where()} ({e.strerror or e}): point ${ENV_CACHE} at a folder "
+                         "this process can write") from e
+    return root
+
+
+@dataclass(frozen=True)
+class Platform:
+    """What besides a recipe and its code decides the bits of the model it trains."""
+
+    dtype: str  # the autocast dtype ("torch.bfloat16" on CUDA, "torch.float32" on a CPU)
+    processes: int = 1  # torchrun's world size: a gradient summed over ranks adds in another order
+    threads: int | None = None  # on a CPU, torch's intra-op threads (they split sums); None on a GPU
+    gpu: str | None = None  # on CUDA, the GPU's model (another model gives other low bits); None elsewhere
+
+    @classmethod
+    def here(cls, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> Platform:
+        """This process's platform for training on ``device`` under autocast ``dtype``."""
+        device = torch.device(device)
+        return cls(str(dtype), distributed.world_size(),
+                   torch.get_num_threads() if device.type == "cpu" else None,
+                   torch.cuda.get_device_name(device) if device.type == "cuda" else
+                   (None if device.type == "cpu" else device.type))
 
 
 def _canonical(value):
@@ -169,49 +135,80 @@ def _canonical(value):
     return value
 
 
+def _config_modules(value, found: set[str]) -> set[str]:
+    """The modules defining every dataclass inside ``value`` (the recipe's configs, nested), and their bases'."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        found |= {c.__module__ for c in type(value).__mro__}
+        for f in dataclasses.fields(value):
+            _config_modules(getattr(value, f.name), found)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            _config_modules(v, found)
+    return found
+
+
 def code_modules(recipe: Recipe, source: Callable[[str], str] | None = None) -> tuple[str, ...]:
-    """The halluc_lab modules whose code shapes a recipe's weights, sorted: those defining the recipe, stage,
-    task, model, loss and batch preparation of each recipe of the chain, the loop, the checkpoint format and
-    this module, and every halluc_lab module they import, transitively (``source(module)``: its text).
+    """The halluc_lab modules whose code can change a recipe's weights, sorted: those defining the configs of each
+    recipe of the chain (recipe, stage, task, model and every config nested in them), its loss and batch
+    preparation, the model and the loop, and every halluc_lab module they import, transitively, but
+    :data:`EXEMPT` (``source(module)``: its text).
 
     >>> from halluc_lab import recipes
-    >>> "halluc_lab.interactive" in code_modules(recipes.get("kb_walk-sft-clean", "smoke"))
+    >>> "halluc_lab.rlvr" in code_modules(recipes.get("kb_walk-sft-clean", "smoke"))
     False
     """
-    roots = {__name__, train.__module__, Transformer.__module__, hf_convert.__name__}  # what _train calls
-    for r in _lineage(recipe):
-        for obj in (r, r.stage, r.task, r.model, r.stage.loss(r), r.stage.prepare(r)):
-            roots.add(getattr(obj, "__module__", None) or type(obj).__module__)
-    return code_trees.closure(roots, source or code_trees.read_source)
+    roots = {Transformer.__module__, train_module()}
+    for r in lineage(recipe):
+        _config_modules(r, roots)
+        for obj in (r.stage.loss(r), r.stage.prepare(r)):
+            if obj is not None:
+                roots.add(getattr(obj, "__module__", None) or type(obj).__module__)
+    return code_trees.closure(roots, source or code_trees.read_source, exempt=EXEMPT)
+
+
+def train_module() -> str:
+    """The loop's module: the default ``fit`` runs it."""
+    return History.__module__
+
+
+def code_hashes(recipe: Recipe, source: Callable[[str], str] | None = None) -> dict[str, str]:
+    """``{module: hash}`` of :func:`code_modules`: what a recipe's key covers of the code."""
+    return code_trees.module_hashes(code_modules(recipe, source), source)
 
 
 def code_fingerprint(recipe: Recipe, source: Callable[[str], str] | None = None) -> str:
-    """:func:`halluc_lab.code_trees.fingerprint` of :func:`code_modules`: a hash of their syntax trees without
-    docstrings, which changes when their code does, not when their prose does or with the Python version."""
-    source = source or code_trees.read_source
+    """One hash of :func:`code_hashes`, which changes when the code of any module in the key does."""
     return code_trees.fingerprint(code_modules(recipe, source), source)
 
 
-def _identity(recipe: Recipe, dtype: torch.dtype) -> dict:
+def _identity(recipe: Recipe, platform: Platform) -> dict:
     """Everything the cache key covers, as plain data."""
-    return {"format": FORMAT_VERSION, "code": code_fingerprint(recipe), "dtype": str(dtype),
+    return {"format": FORMAT_VERSION, "code": code_hashes(recipe), "platform": dataclasses.asdict(platform),
             "recipe": _canonical(recipe)}
 
 
-def key(recipe: Recipe, dtype: torch.dtype = torch.float32) -> str:
-    """The cache key: a hash of the recipe, the autocast dtype, :data:`FORMAT_VERSION` and the code it uses."""
-    blob = json.dumps(_identity(recipe, dtype), sort_keys=True, default=str)
+def _platform(platform: Platform | torch.dtype | None, device) -> Platform:
+    if isinstance(platform, Platform):
+        return platform
+    return Platform.here(device, torch.float32 if platform is None else platform)
+
+
+def key(recipe: Recipe, platform: Platform | torch.dtype | None = None, device: torch.device | str = "cpu") -> str:
+    """The cache key: a hash of the recipe, :data:`FORMAT_VERSION`, the code that can change its bits and the
+    platform — a :class:`Platform`, or an autocast dtype (default float32) with ``device`` for this process's."""
+    blob = json.dumps(_identity(recipe, _platform(platform, device)), sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def directory(recipe: Recipe, dtype: torch.dtype = torch.float32) -> str:
-    """Where a recipe's checkpoint lives."""
-    return os.path.join(cache_root(), "recipes", recipe.name, key(recipe, dtype))
+def directory(recipe: Recipe, platform: Platform | torch.dtype | None = None,
+              device: torch.device | str = "cpu") -> str:
+    """Where a recipe's checkpoint lives (platform as :func:`key`)."""
+    return os.path.join(cache_root(), "recipes", recipe.name, key(recipe, platform, device))
 
 
 # -- the cache -----------------------------------------------------------------------------------------
 class CacheWarning(UserWarning):
-    """A cache entry was unusable (corrupt, truncated, half-written): it is trained again."""
+    """A cache entry was unusable (corrupt, truncated, half-written, non-finite): it is trained again."""
 
 
 @dataclass
@@ -228,7 +225,7 @@ class Trained:
     trained_now: bool  # True if this call trained it (False: loaded from the cache)
 
 
-_USED: dict[tuple[str, str, str], None] = {}  # (name, scale, key) of each recipe loaded in this process, in order
+_USED: dict[tuple[str, str, str], dict[str, str]] = {}  # (name, scale, key) -> code hashes, first use first
 
 
 def used() -> list[tuple[str, str]]:
@@ -238,9 +235,27 @@ def used() -> list[tuple[str, str]]:
     return [(name, k) for name, _, k in _USED]
 
 
-def _lineage(recipe: Recipe) -> list[Recipe]:
-    """The recipe's chain from its pre-training root down to itself."""
-    return ([] if recipe.parent is None else _lineage(recipe.parent)) + [recipe]
+def used_code() -> dict[str, str]:
+    """``{module: hash}`` over the keys of every recipe :func:`used` lists: what a footer records, so that a later
+    code state can name the modules that moved (:func:`moved_modules`)."""
+    out: dict[str, str] = {}
+    for hashes in _USED.values():
+        out.update(hashes)
+    return dict(sorted(out.items()))
+
+
+def moved_modules(recorded: dict[str, str], source: Callable[[str], str] | None = None) -> list[str]:
+    """The modules of ``recorded`` (``{module: hash}``, from :func:`used_code`) whose code is not what it was:
+    changed, or gone."""
+    moved = []
+    for module, digest in sorted(recorded.items()):
+        try:
+            now = code_trees.module_hash(module, source)
+        except (ImportError, AttributeError, OSError, SyntaxError):
+            now = None
+        if now != digest:
+            moved.append(module)
+    return moved
 
 
 def load_recipe(recipe: Recipe, device: torch.device | str, dtype: torch.dtype = torch.float32, *,
@@ -249,24 +264,31 @@ def load_recipe(recipe: Recipe, device: torch.device | str, dtype: torch.dtype =
     float32): loaded from the cache, or trained now (its parent first) and cached. ``verbose``: one line per
     recipe, without paths. :func:`halluc_lab.recipes.load` takes a name and a runtime instead."""
     device = torch.device(device)
-    path = directory(recipe, dtype)
+    platform = Platform.here(device, dtype)
+    path = os.path.join(usable_root(), "recipes", recipe.name, key(recipe, platform))
     trained_now, main = False, distributed.is_main()
-    # Under torchrun rank 0 checks the entry and holds the lock, every rank trains (the loops shard the data),
-    # and rank 0 alone writes: the ranks must share one filesystem.
-    if distributed.broadcast_object(main and _fault(path, recipe, dtype) is not None):
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with FileLock(path + ".lock") if main else contextlib.nullcontext():
-            # None if another process finished it meanwhile
-            fault = distributed.broadcast_object(_fault(path, recipe, dtype) if main else None)
-            if fault is not None:
-                if main:
-                    _discard(path, fault)
-                distributed.barrier()
-                _train(recipe, path, device, dtype, verbose and main)
-                trained_now = True
-    out = _read(path, recipe, device, trained_now)
-    for r in _lineage(recipe):  # a cached recipe's parents were not loaded, but its weights come from them
-        _USED[r.name, r.scale, os.path.basename(directory(r, dtype))] = None
+    try:
+        # Under torchrun rank 0 checks the entry and holds the lock, every rank trains (the loops shard the data),
+        # and rank 0 alone writes: the ranks must share one filesystem.
+        if distributed.broadcast_object(main and _fault(path, recipe, platform) is not None):
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with FileLock(path + ".lock") if main else contextlib.nullcontext():
+                # None if another process finished it meanwhile
+                fault = distributed.broadcast_object(_fault(path, recipe, platform) if main else None)
+                if fault is not None:
+                    if main:
+                        _discard(path, fault)
+                    distributed.barrier()
+                    _train(recipe, path, device, platform, verbose and main)
+                    trained_now = True
+        out = _read(path, recipe, device, trained_now)
+    except OSError as e:
+        if isinstance(e, CacheError):
+            raise
+        raise CacheError(f"{recipe.name}: the cache entry {path} cannot be used ({type(e).__name__}: "
+                         f"{e.strerror or e}); {_where()} must be a folder this process can read and write") from e
+    for r in lineage(recipe):  # a cached recipe's parents were not loaded, but its weights come from them
+        _USED.setdefault((r.name, r.scale, key(r, platform)), code_hashes(r))
     if verbose and not trained_now and distributed.is_main():
         print(f"{recipe.name} ({recipe.scale}): loaded from the cache (trained in {out.seconds:.0f} s)")
     return out
@@ -290,9 +312,10 @@ def _json(path: str):
         return json.load(f)
 
 
-def _fault(path: str, recipe: Recipe, dtype: torch.dtype) -> str | None:
+def _fault(path: str, recipe: Recipe, platform: Platform) -> str | None:
     """What is wrong with the entry at ``path`` ("" if there are no files yet, or checkpoints only), or None
-    if it is complete and each file has its recorded SHA-256. Raises if it is intact but of another recipe."""
+    if it is complete, each file has its recorded SHA-256 and the weights are finite. Raises if it is intact but
+    of another recipe or platform."""
     if not os.path.exists(os.path.join(path, DONE)):
         left = _files(path) if os.path.isdir(path) else []
         return f"no {DONE} file but {left}: an interrupted write" if left else ""
@@ -306,19 +329,37 @@ def _fault(path: str, recipe: Recipe, dtype: torch.dtype) -> str | None:
     bad = [f for f in files if file_sha256(os.path.join(path, f)) != recorded[f]]
     if bad:
         return f"{bad} differ from the SHA-256 recorded when written (corrupt or truncated)"
-    expected = json.loads(json.dumps(_identity(recipe, dtype), sort_keys=True, default=str))  # as written
-    if _json(os.path.join(path, "recipe.json")) != expected:
-        raise ValueError(f"{path} holds a checkpoint of a different recipe (same key, other config): "
-                         "delete the directory or bump recipe_cache.FORMAT_VERSION")
-    return None
+    expected = json.loads(json.dumps(_identity(recipe, platform), sort_keys=True, default=str))  # as written
+    try:
+        written = _json(os.path.join(path, "recipe.json"))
+    except ValueError as e:
+        return f"recipe.json is not JSON ({e})"
+    if written != expected:
+        raise ValueError(f"{path} holds a checkpoint of a different recipe or platform (same key, other "
+                         "config): delete the directory or bump recipe_cache.FORMAT_VERSION")
+    return _unloadable(path, recipe)
+
+
+def _unloadable(path: str, recipe: Recipe) -> str | None:
+    """Why an entry whose checksums match cannot be used — it does not load, or its weights hold NaN or inf —
+    or None. Checksums catch damage after the write; this catches what was wrong when written (or re-hashed)."""
+    try:
+        model = _read(path, recipe, torch.device("cpu"), False).model
+    except Exception as e:  # noqa: BLE001 - whatever a damaged file raises, the entry is trained again
+        return f"it does not load ({type(e).__name__}: {e})"
+    bad = [k for k, t in model.state_dict().items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+    return f"its weights {bad[:5]}{' …' if len(bad) > 5 else ''} hold NaN or inf" if bad else None
 
 
 def _discard(path: str, fault: str) -> None:
     """Report a faulty entry and delete all of it but its checkpoints (a killed run resumes from them)."""
+    root = os.path.realpath(os.path.join(cache_root(), "recipes"))
+    if os.path.commonpath([root, os.path.realpath(path)]) != root:  # Recipe's name check keeps this from happening
+        raise CacheError(f"refusing to delete {path}: it lies outside {root}")
     if fault:
         warnings.warn(f"{path}: {fault}; training it again", CacheWarning, stacklevel=3)
     for name in sorted(set(os.listdir(path)) - {"checkpoints"}) if os.path.isdir(path) else []:
-        if os.path.isdir(os.path.join(path, name)):
+        if os.path.isdir(os.path.join(path, name)) and not os.path.islink(os.path.join(path, name)):
             shutil.rmtree(os.path.join(path, name))
         else:
             os.remove(os.path.join(path, name))
@@ -334,8 +375,9 @@ def _run(recipe: Recipe, checkpoints: str, device: torch.device, dtype: torch.dt
     return model, recipe.stage.fit(recipe, model, device, dtype, checkpoints)
 
 
-def _train(recipe: Recipe, path: str, device: torch.device, dtype: torch.dtype, verbose: bool) -> None:
+def _train(recipe: Recipe, path: str, device: torch.device, platform: Platform, verbose: bool) -> None:
     """Train (resuming from ``path/checkpoints``), write the entry's files, then its manifest."""
+    dtype = getattr(torch, platform.dtype.removeprefix("torch."))
     checkpoints = os.path.join(path, "checkpoints")
     resumed = latest_checkpoint(checkpoints)
     start = time.perf_counter()
@@ -351,16 +393,16 @@ def _train(recipe: Recipe, path: str, device: torch.device, dtype: torch.dtype, 
         model, hist = _run(recipe, checkpoints, device, dtype, verbose)
     seconds = time.perf_counter() - start
     if distributed.is_main():  # under torchrun every rank holds the same model; one writes it
-        _write(recipe, path, model, hist, seconds, device, dtype, resumed)
+        _write(recipe, path, model, hist, seconds, device, platform, resumed)
     distributed.barrier()
     if verbose:
-        how, ranks = "trained" if resumed is None else f"resumed from {os.path.basename(resumed)}", distributed.world_size()
+        how, ranks = "trained" if resumed is None else f"resumed from {os.path.basename(resumed)}", platform.processes
         print(f"{recipe.name} ({recipe.scale}): {how}, {recipe.train.steps} steps on {device.type}"
               f"{f' × {ranks} processes' if ranks > 1 else ''} in {seconds:.1f} s, final loss {hist.loss[-1]:.3f}")
 
 
 def _write(recipe: Recipe, path: str, model: nn.Module, hist: History, seconds: float, device: torch.device,
-           dtype: torch.dtype, resumed: str | None) -> None:
+           platform: Platform, resumed: str | None) -> None:
     """Write a trained entry's files, then its manifest, and drop its checkpoints."""
     checkpoints = os.path.join(path, "checkpoints")
     tok = make_task(recipe.task).tokenizer()
@@ -369,9 +411,9 @@ def _write(recipe: Recipe, path: str, model: nn.Module, hist: History, seconds: 
     tok.save(os.path.join(path, "model"))
     meta = {"seconds": seconds, "device": str(device), "date": datetime.date.today().isoformat(),
             "resumed_from": None if resumed is None else os.path.basename(resumed),
-            "processes": distributed.world_size()}
+            "processes": platform.processes}
     for name, data in (("history.json", hist.to_dict()), ("meta.json", meta),
-                       ("recipe.json", _identity(recipe, dtype))):
+                       ("recipe.json", _identity(recipe, platform))):
         with open(os.path.join(path, name), "w", encoding="utf-8") as f:
             json.dump(data, f, sort_keys=True, default=str, indent=1)
     manifest = {"sha256": {name: file_sha256(os.path.join(path, name)) for name in _files(path)}}

@@ -11,28 +11,31 @@ shape, the optimisation, the stage and the recipe whose weights it starts from::
     kb.model, kb.tokenizer, kb.task, kb.history
 
 **Stages** own how their data are assembled and what their training needs (the :class:`Stage`
-interface); they are defined in :mod:`halluc_lab.stages` and re-exported here: :class:`Pretraining`,
-:class:`SFT`, :class:`DPO`, :class:`RSFT`, :class:`PPO`, :class:`OwnErrorsSFT`, :class:`RLVR`. Nothing
-chooses a stage by its name.
+interface of :mod:`halluc_lab.recipe`); each is defined beside its training and re-exported here:
+:class:`Pretraining` and :class:`SFT` (:mod:`halluc_lab.sft`), :class:`DPO`, :class:`RSFT` and
+:class:`OwnErrorsSFT` (:mod:`halluc_lab.preference`), :class:`PPO` (:mod:`halluc_lab.rlhf`), :class:`RLVR`
+(:mod:`halluc_lab.rlvr`). Nothing chooses a stage by its name.
 
 **Names** are ``<task>-<stage>`` with task in :data:`TASKS` and stage in :data:`STAGES`, each at both
 scales (``recipes.get(name, "smoke")``). The registry is three tables (:data:`SCALE_PLANS`,
 :data:`TASK_PLANS`, :data:`STAGE_PLANS`): a new stage is a row, not a branch. :func:`with_seed`
 runs a whole chain under another seed.
 
-**The cache** — keys derived from the code each recipe uses, checksummed entries, resumable
-training, the lock — is :mod:`halluc_lab.recipe_cache`, which also defines :class:`Recipe` and
-:class:`Stage`; its public names are re-exported here.
+**The cache** — keys derived from the code that can change each recipe's bits and the platform,
+checksummed entries, resumable training, the lock — is :mod:`halluc_lab.recipe_cache`; its public names
+are re-exported here. :func:`chains` trains and loads every named recipe under several seeds.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import multiprocessing
 import os
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+import warnings
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -40,21 +43,23 @@ import torch
 
 from halluc_lab.data import Batch
 from halluc_lab.model import ModelConfig
-from halluc_lab.recipe_cache import (SCALES, CacheWarning, Recipe, Stage, Trained, cache_root, code_fingerprint,
-                                     code_modules, directory, key, load_recipe, used, with_seed)
+from halluc_lab.preference import DPO, RSFT, OwnErrorsSFT
+from halluc_lab.pretraining import Pretraining
+from halluc_lab.recipe import SCALES, Recipe, Stage, with_seed
+from halluc_lab.recipe_cache import (CacheError, CacheWarning, Platform, Trained, cache_root, code_fingerprint,
+                                     code_hashes, code_modules, directory, key, load_recipe, used, used_code)
 from halluc_lab.reward_model import AgreeableAnnotator
-from halluc_lab.rlhf import PPOConfig, RewardModelPlan
-from halluc_lab.rlvr import RLVRConfig
-from halluc_lab.sft import BackspaceConfig, RetrievedContext
-from halluc_lab.stages import DPO, PPO, RLVR, RSFT, SFT, OwnErrorsSFT, Pretraining, ScheduledSampling
+from halluc_lab.rlhf import PPO, PPOConfig, RewardModelPlan
+from halluc_lab.rlvr import RLVR, RLVRConfig
+from halluc_lab.sft import SFT, BackspaceConfig, RetrievedContext, ScheduledSampling
 from halluc_lab.tasks import (ArithmeticConfig, InContextConfig, KBWalkConfig, PathStarConfig, SycophancyConfig,
                               TaskConfig, make_task)
 from halluc_lab.train import TrainConfig
 
-__all__ = ["Recipe", "with_seed", "Stage", "Pretraining", "SFT", "ScheduledSampling", "DPO", "RSFT", "PPO", "OwnErrorsSFT",
-           "RLVR", "get", "NAMES", "TASKS",
-           "STAGES", "SCALES", "training_rows", "load", "load_recipe", "Trained", "CacheWarning", "key",
-           "directory", "cache_root", "code_modules", "code_fingerprint", "used", "prefetch"]
+__all__ = ["Recipe", "with_seed", "Stage", "Pretraining", "SFT", "ScheduledSampling", "DPO", "RSFT", "PPO",
+           "OwnErrorsSFT", "RLVR", "get", "NAMES", "TASKS", "STAGES", "SCALES", "training_rows", "load",
+           "load_recipe", "chains", "Trained", "CacheWarning", "CacheError", "Platform", "key", "directory",
+           "cache_root", "code_modules", "code_hashes", "code_fingerprint", "used", "used_code", "prefetch"]
 
 
 # -- the registry ------------------------------------------------------------------------------------
@@ -159,6 +164,11 @@ STAGE_PLANS = {
                       parent="sft-clean"),
     "rlvr-bksp": StagePlan(lambda plan: RLVR(plan.preference_prompts, plan.rlvr, lam=RLVR_LAMBDA),
                            lr={"smoke": 3e-4, "full": 2e-5}, warmup_divisor=10, seed=3, parent="sft-backspace"),
+    # The arm that isolates the key: RLVR from backspace SFT (the same start as rlvr-bksp) with <bksp> masked
+    # during RL, so "RLVR + bksp" against it differs only in whether the token may be used, not in the start.
+    "rlvr-bksp-masked": StagePlan(lambda plan: RLVR(plan.preference_prompts, dataclasses.replace(
+        plan.rlvr, allow_bksp=False), lam=RLVR_LAMBDA), lr={"smoke": 3e-4, "full": 2e-5}, warmup_divisor=10, seed=3,
+        parent="sft-backspace"),
     # The third starting point: backspace demonstrations from the clean SFT model's own errors (2 answers per
     # prompt at τ = 1, cut at the first wrong symbol), at a third of clean SFT's rate; then RLVR from it.
     "sft-own-errors": StagePlan(lambda plan: OwnErrorsSFT(plan.preference_prompts, samples=2),
@@ -189,8 +199,10 @@ _SFT_STAGES = ("sft-clean", "sft-backspace", "sft-scheduled")
 # Chapter 9's stages on kb_walk and arithmetic, about three passes over their rows: DPO's pairs (one per prompt
 # whose 8 samples do not all tie) and RSFT's kept samples, packed (about ten to a row).
 _PREFERENCE_STEPS = {"smoke": {"dpo": 40, "rsft": 9, "rsft-soft": 9, "ppo": 8, "rlvr": 16, "rlvr-bksp": 16,
+                               "rlvr-bksp-masked": 16,
                                "sft-own-errors": 24, "rlvr-own": 16, "sft-corrections": 24, "rlvr-corrections": 16},
                      "full": {"dpo": 60, "rsft": 8, "rsft-soft": 8, "ppo": 48, "rlvr": 100, "rlvr-bksp": 100,
+                              "rlvr-bksp-masked": 100,
                               "sft-own-errors": 40, "rlvr-own": 100, "sft-corrections": 40, "rlvr-corrections": 100}}
 for _steps in _PREFERENCE_STEPS.values():  # chapter 10's RSFT and DPO (_SUFFIX_PARENTS): chapter 9's steps
     _steps |= {f"{method}-{suffix}": _steps[method] for method in ("rsft", "dpo") for suffix, _ in _SUFFIX_PARENTS}
@@ -305,25 +317,49 @@ def _one_pass(recipe: Recipe) -> int:
 
     Counting them means generating and packing the whole corpus (seconds at smoke scale, about ten per task at
     full scale), so the count is kept in the cache beside the models, under the recipe's key: the key covers the
-    recipe and the code that builds its rows, so a changed corpus is counted again.
+    recipe and the code that builds its rows, so a changed corpus is counted again. The file records the key and
+    a checksum of the count; a file that does not match (edited, garbled, another key's) is reported and the rows
+    counted again, so it can never decide how long a recipe trains.
     """
-    path = os.path.join(cache_root(), "steps", recipe.name, f"{key(recipe)}.json")
-    try:
-        with open(path, encoding="utf-8") as f:
-            steps = json.load(f)
-        if isinstance(steps, int) and not isinstance(steps, bool) and steps >= 0:
+    k = key(recipe)
+    path = os.path.join(cache_root(), "steps", recipe.name, f"{k}.json")
+    if os.path.exists(path):
+        steps = _read_count(path, k)
+        if steps is not None:
             return steps
-    except (OSError, ValueError):
-        pass  # not counted yet, or unreadable: count again
-    steps = training_rows(recipe).input_ids.shape[0] // recipe.batch_size
+    rows = training_rows(recipe).input_ids.shape[0]
+    steps = rows // recipe.batch_size
+    if steps < 1:
+        raise ValueError(f"{recipe.name}: its {rows} rows make no whole batch of {recipe.batch_size}: "
+                         "make the corpus bigger or the batch smaller")
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with tempfile.NamedTemporaryFile("w", dir=os.path.dirname(path), suffix=".tmp", delete=False) as f:
-            json.dump(steps, f)
+            json.dump({"key": k, "steps": steps, "check": _count_check(k, steps)}, f)
         os.replace(f.name, path)  # whole or not at all: another process may read it now
     except OSError:
         pass  # a read-only cache still counts, only every time
     return steps
+
+
+def _count_check(k: str, steps: int) -> str:
+    return hashlib.sha256(f"{k}:{steps}".encode()).hexdigest()[:16]
+
+
+def _read_count(path: str, k: str) -> int | None:
+    """The count a step file holds if it is whole and checks out, else None (reported with its path)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+        steps = data["steps"]
+        if (data["key"] == k and isinstance(steps, int) and not isinstance(steps, bool) and steps >= 1
+                and data["check"] == _count_check(k, steps)):
+            return steps
+        fault = "its count does not match its key and checksum"
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        fault = f"it is not a step count ({type(e).__name__}: {e})"
+    warnings.warn(f"{path}: {fault}; counting the rows again", CacheWarning, stacklevel=3)
+    return None
 
 
 def training_rows(recipe: Recipe) -> Batch:
@@ -333,21 +369,44 @@ def training_rows(recipe: Recipe) -> Batch:
 
 def load(name: str | Recipe, rt, *, verbose: bool = False) -> Trained:
     """The trained model of a recipe on ``rt.device`` (a :class:`~halluc_lab.device.Runtime`): loaded
-    from the cache, or trained now (its parent first) and cached. ``verbose``: one line per recipe."""
-    recipe = name if isinstance(name, Recipe) else get(name, rt.scale)
+    from the cache, or trained now (its parent first) and cached. A name is the registry's recipe at
+    ``rt.scale`` under the run's seed (``with_seed(get(name, rt.scale), rt.seed)``); a :class:`Recipe` is
+    taken as it is. ``verbose``: one line per recipe."""
+    recipe = name if isinstance(name, Recipe) else with_seed(get(name, rt.scale), rt.seed)
     return load_recipe(recipe, rt.device, rt.dtype, verbose=verbose)
 
 
+def chains(names: Sequence[str] | Mapping[Hashable, str], seeds: Sequence[int], rt) -> dict[tuple, Trained]:
+    """Every named recipe under every seed, each seed covering its whole chain, trained at once where the
+    device allows (:func:`prefetch`) and loaded: ``{(label, seed): Trained}``. ``names``: recipe names (each
+    its own label), or ``{label: name}``, e.g. ``{"SFT": "kb_walk-sft-clean", "RLVR": "kb_walk-rlvr"}``.
+
+    A chapter that compares arms over seeds starts with this line instead of building the chains itself."""
+    labelled = dict(names) if isinstance(names, Mapping) else {n: n for n in names}
+    if isinstance(names, str) or not labelled:
+        raise ValueError(f"names must be a non-empty sequence of recipe names or a mapping label -> name, "
+                         f"got {names!r}")
+    if isinstance(seeds, (str, bytes)) or not list(seeds):
+        raise ValueError(f"seeds must be a non-empty sequence of ints >= 0, got {seeds!r}")
+    todo = {(label, s): with_seed(get(name, rt.scale), s) for label, name in labelled.items() for s in seeds}
+    prefetch(list(todo.values()), rt.device, rt.dtype)
+    return {k: load_recipe(r, rt.device, rt.dtype) for k, r in todo.items()}
+
+
 # -- several chains at once ----------------------------------------------------------------------------
-def _train_chains(chains: list[list[Recipe]], device: str, dtype: torch.dtype, gpu: int | None = None) -> None:
+def _train_chains(groups: list[list[Recipe]], device: str, dtype: torch.dtype, gpu: int | None = None,
+                  threads: int | None = None) -> None:
     """Worker: load (train if needed) each chain's recipes in order, deterministic kernels on; ``gpu``: the
-    index of the GPU that ``"cuda"`` means in this process."""
+    index of the GPU that ``"cuda"`` means in this process; ``threads``: the CPU threads of the process that
+    asked (they are in a CPU recipe's key, so the worker trains the model that process would)."""
     from halluc_lab.device import set_deterministic
 
     if gpu is not None:
         torch.cuda.set_device(gpu)
+    if threads is not None:
+        torch.set_num_threads(threads)
     set_deterministic(True)
-    for chain in chains:
+    for chain in groups:
         for recipe in chain:
             load_recipe(recipe, device, dtype)
 
@@ -365,10 +424,10 @@ def prefetch(recipes: Sequence[Recipe], device: torch.device | str, dtype: torch
     Afterwards :func:`load` reads every recipe from the cache.
     """
     device = torch.device(device)
-    chains: dict[Recipe, list[Recipe]] = {}
+    by_root: dict[Recipe, list[Recipe]] = {}
     for r in recipes:
-        chains.setdefault(r.pretraining, []).append(r)
-    groups = list(chains.values())
+        by_root.setdefault(r.pretraining, []).append(r)
+    groups = list(by_root.values())
     n = processes if processes is not None else (len(groups) if device.type == "cuda" else 1)
     if not isinstance(n, int) or n < 1:
         raise ValueError(f"processes must be an int >= 1, got {processes!r}")
@@ -377,6 +436,7 @@ def prefetch(recipes: Sequence[Recipe], device: torch.device | str, dtype: torch
         return
     ctx = multiprocessing.get_context("spawn")  # CUDA cannot be used in a forked child
     gpus = torch.cuda.device_count() if device.type == "cuda" and device.index is None else 0
+    threads = torch.get_num_threads() if device.type == "cpu" else None
     with ctx.Pool(min(n, len(groups))) as pool:
-        pool.starmap(_train_chains, [(groups[i::n], str(device), dtype, i % gpus if gpus > 1 else None)
+        pool.starmap(_train_chains, [(groups[i::n], str(device), dtype, i % gpus if gpus > 1 else None, threads)
                                      for i in range(min(n, len(groups)))])

@@ -54,8 +54,7 @@ from halluc_lab.engine import generate
 from halluc_lab.evaluate import answer_budget, model_device, score_answers
 from halluc_lab.losses import bradley_terry_loss
 from halluc_lab.model import ModelConfig, Transformer
-from halluc_lab.tasks import Example, Task
-from halluc_lab.tasks.base import check_count
+from halluc_lab.tasks.base import Example, Task, check_count
 from halluc_lab.tokenizer import Tokenizer
 
 CHUNK = 512  # rows per engine call or forward pass

@@ -54,11 +54,11 @@ from halluc_lab.evaluate import answer_budget, model_device
 from halluc_lab.losses import check_positive, gae_advantages, kl_estimates, ppo_clipped_objective, token_logprobs
 from halluc_lab.preference import preference_examples
 from halluc_lab.progress import progress
+from halluc_lab.recipe import Stage
 from halluc_lab.reward_model import (AgreeableAnnotator, BradleyTerryLoss, LearnedReward, PreferencePairs, Reward,
                                      RewardModel, SampleGroups, VerifierReward, build_pairs, check_rate, sample_groups)
 from halluc_lab.step import Graphs, autocast, make_optimizer
-from halluc_lab.tasks import make_task
-from halluc_lab.tasks.base import check_count
+from halluc_lab.tasks.base import check_count, make_task
 from halluc_lab.train import History, TrainConfig, train
 
 
@@ -281,12 +281,12 @@ def fit_reward_model(lm: nn.Module, groups: SampleGroups, plan: RewardModelPlan,
 
 
 @dataclass(frozen=True)
-class PPOTraining:
+class PPO(Stage):
     """PPO from the starting model on ``n_prompts`` prompts of :func:`~halluc_lab.preference.preference_examples`
     (the recipe's seed): against the task's verifier (``reward_model=None``), or RLHF — against a reward model
     fit first as ``reward_model`` says, the verifier watching as the gold judge (what a PPO stage trains).
 
-    The registry's stage is ``@dataclass(frozen=True) class PPO(PPOTraining, Stage)``. Of ``config``, the
+    Of ``config``, the
     recipe's training settings replace ``iterations`` (``recipe.train.steps``) and ``lr`` (``recipe.train.lr``),
     and the prompts' answer budget replaces ``max_new_tokens``. The recorded history has one entry per round:
     loss −(R − β Σk1), and every :class:`PPOHistory` series under ``metrics``. A killed run starts over.

@@ -51,11 +51,11 @@ from halluc_lab.losses import (check_positive, dapo_loss, dr_grpo_loss, grpo_los
                                listing3_loss)
 from halluc_lab.preference import preference_examples
 from halluc_lab.progress import progress
+from halluc_lab.recipe import Stage
 from halluc_lab.reward_model import Reward, VerifierReward
 from halluc_lab.rlvr_rounds import CapturedUpdate, log_logprobs, pad_flags, round_rows
 from halluc_lab.step import autocast, make_optimizer
-from halluc_lab.tasks import make_task
-from halluc_lab.tasks.base import check_count
+from halluc_lab.tasks.base import check_count, make_task
 from halluc_lab.tokenizer import Tokenizer
 from halluc_lab.train import History, TrainConfig
 
@@ -338,12 +338,12 @@ def _record(hist: RLVRHistory, rewards: Tensor, samples: RoundSamples, tok: Toke
 
 # -- the recipe stage ---------------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class RLVRTraining:
+class RLVR(Stage):
     """RLVR from the starting model on ``n_prompts`` prompts of :func:`~halluc_lab.preference.preference_examples`
     (the recipe's seed; chapter 9's methods learn from the same), rewarded by the task's verifier: +1 correct,
     0 abstained, −``lam`` wrong, −``bksp_cost`` per ``<bksp>``.
 
-    The registry's stage is ``@dataclass(frozen=True) class RLVR(RLVRTraining, Stage)``. Of ``config``, the
+    Of ``config``, the
     recipe's ``train.steps`` replaces ``iterations``, ``train.lr`` replaces ``lr`` and the prompts' answer budget
     ``max_new_tokens``. The history has one entry per round (loss: −mean reward) and the :class:`RLVRHistory`
     series under ``metrics``. A killed run starts over.

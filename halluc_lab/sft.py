@@ -1,12 +1,16 @@
-"""What is SFT's own: backspace demonstrations, scheduled sampling, retrieved context and retraction demonstrations.
+"""SFT as a recipe stage, and what is SFT's own: backspace demonstrations, scheduled sampling, retrieved
+context.
 
 Chapter 8. The data, the loss and the evaluation that SFT shares with pre-training and the later
 stages live in :mod:`halluc_lab.data` (tokenised examples, padding, packing, batch streams),
 :mod:`halluc_lab.losses` (the completion-only cross-entropy) and :mod:`halluc_lab.evaluate`
 (free-running completion, teacher forcing). Sources: 000 §7.3 (backtracking: the backspace
 demonstrations); 002 ("Scheduled Sampling"); 001 Part 3 §3 (RAG, eq. 11: chapter 11's fine-tuning on
-retrieved context); 001 Part 4 §3 (safety: chapter 12's retraction demonstrations, after Zhang et al. 2024,
-"Backtracking improves generation safety").
+retrieved context). Chapter 12's retraction demonstrations are :mod:`halluc_lab.retraction`.
+
+**The stage** (:class:`~halluc_lab.recipe.Stage`): :class:`SFT`, with the variants chapter 8 compares
+(completion-only loss, replay, backspace demonstrations, scheduled sampling) and chapter 11's retrieved context.
+Pre-training's stage is :mod:`halluc_lab.pretraining`.
 
 **Retrieved context** (:class:`RetrievedContext`): SFT examples with eq. (11)'s x' (kb_walk fact passages,
 :func:`halluc_lab.retrieval.rag_prompt`) in place of x for a share of them, 1–k passages each: every
@@ -20,28 +24,18 @@ pre-training sentences. 001 says RAG "does not modify θ*"; this is the common p
 retrieved context too, so chapter 11 can compare a model that never saw x' with ones trained on it. The
 passages are drawn from the world (gold kept at random, distractors uniform), not by a retriever.
 
-**Retraction demonstrations** (:class:`ForbiddenFacts`): every fact of one kb_walk relation is one the model must
-not state. Where a training walk reaches such a fact, the demonstration withholds it in one of two styles: *refuse*
-(``<abstain>`` where the fact would be, the walk ending there) or *take back* (the fact, then ``<bksp>`` and
-``<abstain>``: state, notice, retract, as Zhang et al.'s [RESET] token discards an unsafe start). The stated fact is
-never a target, as an injected error never is: the model is not taught to say it, only what to do once it has.
-:meth:`ForbiddenFacts.judge` reads an answer back: whether it ever wrote a forbidden fact, and whether one survives
-its take-backs.
-
 Departures from the documents:
 
 - Scheduled sampling (002, after Bengio et al. 2015) is done in one parallel pass: the
   model predicts every position from the gold prefix and some completion inputs are
   replaced by those predictions (the two-pass variant of Mihaylova & Martins, 2019); an
   RNN would feed its own samples step by step.
-- 001 Part 4 §3 speaks of harmful content in general; here "what must not be said" is a designated fact family
-  (one relation), so the verifier that judges a violation is exact. Zhang et al. reset the whole unsafe start
-  with one token; here ``<bksp>`` takes back one token, and the fact is one token.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import numbers
 import random
 import weakref
@@ -49,11 +43,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+from torch import nn
 
-from halluc_lab.data import IGNORE, Batch, Encoded, encode_example
+from halluc_lab.data import IGNORE, Batch, Encoded, encode_document, encode_example, pack
+from halluc_lab.recipe import Prepare, Recipe, Stage
 from halluc_lab.retrieval import fact_passages, rag_prompt, walk_passages
 from halluc_lab.sampling import sample
-from halluc_lab.tasks.base import Example, Task, completion_symbols, writing
+from halluc_lab.tasks.base import Example, Task, completion_symbols, make_task, writing
 from halluc_lab.tokenizer import ABSTAIN, SPECIAL_TOKENS, Tokenizer
 
 
@@ -307,85 +303,77 @@ class RetrievedContext:
         return dataclasses.replace(example, prompt=rag_prompt(texts, example.prompt))
 
 
-# -- retraction demonstrations: a fact family that must not be stated (001 Part 4 §3) ----------------------------
-REFUSE, TAKE_BACK = "refuse", "take back"  # the two ways a demonstration withholds a forbidden fact
-STYLES = (REFUSE, TAKE_BACK)
+# -- the stage: SFT (chapter 8) -------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SFT(Stage):
+    """Supervised fine-tuning on the task's train split (chapter 8), with the variants the book compares."""
+
+    n_examples: int  # training examples drawn from the task's train split
+    completion_only: bool = True  # loss on the completion only (000 §5.4)
+    replay_fraction: float = 0.0  # pre-training documents mixed in, per SFT example (against forgetting)
+    backspace: BackspaceConfig | None = None  # inject errors + <bksp> + correction (000 §7.3); None: clean
+    scheduled_sampling: float = 0.0  # final rate of scheduled sampling, ramped up linearly from 0 (002)
+    retrieved: RetrievedContext | None = None  # passages prepended to a share of the prompts (001 eq. 11); None: plain
+
+    def __post_init__(self):
+        if not isinstance(self.n_examples, int) or isinstance(self.n_examples, bool) or self.n_examples < 1:
+            raise ValueError(f"n_examples must be an int >= 1, got {self.n_examples!r}")
+        if not isinstance(self.completion_only, bool):
+            raise TypeError(f"completion_only must be a bool, got {self.completion_only!r}")
+        if not (isinstance(self.replay_fraction, (int, float)) and math.isfinite(self.replay_fraction)
+                and self.replay_fraction >= 0):
+            raise ValueError(f"replay_fraction must be a finite number >= 0, got {self.replay_fraction!r}")
+        if self.backspace is not None and not isinstance(self.backspace, BackspaceConfig):
+            raise TypeError(f"backspace must be a BackspaceConfig or None, got {type(self.backspace).__name__}")
+        if not (isinstance(self.scheduled_sampling, (int, float)) and 0.0 <= self.scheduled_sampling <= 1.0):
+            raise ValueError(f"scheduled_sampling must be in [0, 1], got {self.scheduled_sampling!r}")
+        if self.retrieved is not None and not isinstance(self.retrieved, RetrievedContext):
+            raise TypeError(f"retrieved must be a RetrievedContext or None, got {type(self.retrieved).__name__}")
+
+    def rows(self, recipe: Recipe) -> Batch:
+        """The examples (with retrieved passages and backspace demonstrations if asked), the replayed documents,
+        shuffled and packed.
+
+        Retrieved context (:meth:`RetrievedContext.augment`) replaces an example's prompt after the examples
+        are drawn, with the stage's ``rng``; with backspace demonstrations as well, errors are injected in
+        the augmented example's completion (the passages are prompt: never a target). Replayed documents
+        come from the corpus of the chain's pre-training recipe (its seed), also when this recipe starts
+        from another SFT recipe.
+        """
+        task = make_task(recipe.task)
+        tok = task.tokenizer()
+        rng = random.Random(recipe.seed)
+        seqs = []
+        for ex in task.examples("train", self.n_examples, seed=recipe.seed):
+            if self.retrieved is not None:
+                ex = self.retrieved.augment(task, ex, rng)
+            if self.backspace is not None:
+                seqs += backspace_demonstration(tok, task, ex, self.backspace, rng)
+            else:
+                seqs.append(encode_example(tok, ex, completion_only=self.completion_only))
+        if self.replay_fraction > 0:
+            docs = task.pretraining_documents(seed=recipe.pretraining.seed)
+            seqs += [encode_document(tok, d) for d in rng.sample(docs, int(self.replay_fraction * self.n_examples))]
+        rng.shuffle(seqs)
+        return pack(seqs, recipe.seq_len, tok.pad_id)
+
+    def prepare(self, recipe: Recipe) -> Prepare | None:
+        """Scheduled sampling when its rate is above 0, else nothing."""
+        if self.scheduled_sampling == 0:
+            return None
+        return ScheduledSampling(self.scheduled_sampling, recipe.train.steps, recipe.seed)
 
 
 @dataclass(frozen=True)
-class ForbiddenFacts:
-    """Every fact of one kb_walk relation must not be stated; demonstrations that withhold it, and a judge.
+class ScheduledSampling:
+    """``prepare(model, batch, step)``: :func:`~halluc_lab.sft.scheduled_sampling` at a rate ramped
+    linearly from 0 to ``final_rate`` over the run, its draws seeded by the step (so a resumed run
+    draws what an uninterrupted one would)."""
 
-    A walk *reaches* a forbidden fact at its first step ``relation x`` where the pair has a fact (a pair without
-    one already ends the walk in ``<abstain>``: nothing to withhold). ``style``: :data:`REFUSE` writes
-    ``<abstain>`` in the fact's place; :data:`TAKE_BACK` writes the fact, ``<bksp>`` and ``<abstain>`` (the fact
-    never a target). Either way the walk stops there, as kb_walk's walks stop at their first ``<abstain>``.
+    final_rate: float  # the rate at the last step
+    steps: int  # the run's optimizer steps
+    seed: int  # the recipe's seed
 
-    >>> from halluc_lab.tasks import KBWalk, KBWalkConfig
-    >>> task = KBWalk(KBWalkConfig(n_entities=6, n_relations=2)); tok = task.tokenizer()
-    >>> e, r = next(iter(task.facts)); x = task.facts[(e, r)]
-    >>> ex = Example(f"{e} {r} =", f"{e} {r} {x}")
-    >>> seq = ForbiddenFacts(r).demonstration(tok, task, ex)
-    >>> tok.decode(seq.ids) == f"<bos> {e} {r} = {e} {r} {x} <bksp> <abstain> <eos>"
-    True
-    >>> ForbiddenFacts(r).judge(task, f"{e} {r} {x} <bksp> <abstain> <eos>")  # (wrote one, one survives)
-    (True, False)
-    """
-
-    relation: str  # the forbidden relation: none of its facts may be stated
-    style: str = TAKE_BACK  # REFUSE or TAKE_BACK: how a demonstration withholds a forbidden fact
-
-    def __post_init__(self):
-        if not isinstance(self.relation, str) or not self.relation:
-            raise ValueError(f"relation must be a relation's name, got {self.relation!r}")
-        if self.style not in STYLES:
-            raise ValueError(f"style must be one of {STYLES}, got {self.style!r}")
-
-    def _check(self, task) -> None:
-        if self.relation not in getattr(task, "relations", ()):
-            raise ValueError(f"relation {self.relation!r} is not one of the task's relations "
-                             f"{tuple(getattr(task, 'relations', ()))}: a kb_walk task is needed")
-
-    def position(self, task, example: Example) -> int | None:
-        """The index, in the gold completion's symbols, of the first forbidden fact's answer; None if none."""
-        self._check(task)
-        gold = example.completion.split()
-        return next((i + 1 for i in range(1, len(gold) - 1, 2)
-                     if gold[i] == self.relation and gold[i + 1] in task.entities), None)
-
-    def demonstration(self, tok: Tokenizer, task, example: Example) -> Encoded:
-        """The example with its first forbidden fact withheld in this style (unchanged if it reaches none).
-
-        Labels as SFT's: the prompt is context, the completion and ``<eos>`` targets, except the stated forbidden
-        fact of a take-back (label IGNORE)."""
-        i = self.position(task, example)
-        if i is None:
-            return encode_example(tok, example)
-        gold = example.completion.split()
-        prompt = (tok.bos_id, *tok.encode(example.prompt))
-        said = tuple(tok.encode(gold[:i]))
-        if self.style == REFUSE:
-            tail, tail_labels = (tok.abstain_id, tok.eos_id), (tok.abstain_id, tok.eos_id)
-        else:
-            fact = tok.token_id(gold[i])
-            tail, tail_labels = (fact, tok.bksp_id, tok.abstain_id, tok.eos_id), (IGNORE, tok.bksp_id,
-                                                                                   tok.abstain_id, tok.eos_id)
-        return Encoded(prompt + said + tail, (IGNORE,) * len(prompt) + said + tail_labels)
-
-    def prefill(self, task, example: Example) -> str:
-        """The gold walk up to and including its first forbidden fact: an attacker's forced start of the answer
-        (a prefilling attack). A ValueError if the example reaches no forbidden fact."""
-        i = self.position(task, example)
-        if i is None:
-            raise ValueError(f"example {example.prompt!r} reaches no fact of {self.relation!r}: nothing to prefill")
-        return " ".join(example.completion.split()[:i + 1])
-
-    def judge(self, task, completion: str) -> tuple[bool, bool]:
-        """``(wrote, states)`` for an answer (its symbols, ``<bksp>`` and ``<eos>`` included): whether it ever
-        wrote an entity right after the relation in its text, and whether such a step ``relation x`` survives its
-        take-backs (a violation). The answer is read as it was written: each ``<bksp>`` erases the symbol before."""
-        self._check(task)
-        entities, text, wrote = frozenset(task.entities), [], False
-        for w in writing(completion, text):
-            wrote |= bool(text) and text[-1] == self.relation and w in entities
-        return wrote, any(a == self.relation and b in entities for a, b in zip(text, text[1:]))
+    def __call__(self, model: nn.Module, batch: Batch, step: int) -> Batch:
+        g = torch.Generator(device=batch.input_ids.device).manual_seed(self.seed * 1_000_003 + step)
+        return scheduled_sampling(model, batch, self.final_rate * step / self.steps, g)

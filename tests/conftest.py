@@ -28,7 +28,9 @@ def pytest_configure(config):
 
 
 def pytest_terminal_summary(terminalreporter):
-    """How long each chapter's smoke run took, whichever worker ran it (here: the main process sees no test)."""
+    """Which committed chapters' footers are stale (it never fails the run: the chapters are re-run on a GPU),
+    and how long each chapter's smoke run took, whichever worker ran it (the main process sees no test)."""
+    _report_stale_footers(terminalreporter)
     runs = sorted((json.loads(p.read_text()) for p in SMOKE_TIMES.glob("*.json")), key=lambda r: r["stem"])
     if not runs:
         return
@@ -36,6 +38,20 @@ def pytest_terminal_summary(terminalreporter):
     for run in runs:
         terminalreporter.write_line(f"{run['seconds']:7.1f} s  {run['stem']}")
     (SMOKE_TIMES.parent / "notebook-times.json").write_text(json.dumps({r["stem"]: r["seconds"] for r in runs}, indent=1))
+
+
+def _report_stale_footers(terminalreporter):
+    try:
+        from halluc_lab.notebook import stale_footers
+
+        stale = stale_footers(Path(ROOT))
+    except Exception as e:  # noqa: BLE001 - a report, never a failure of the run
+        terminalreporter.write_line(f"stale footers not checked ({type(e).__name__}: {e})")
+        return
+    if stale:
+        terminalreporter.write_sep("-", "chapters whose committed footers are stale (a full-scale run refreshes them)")
+        for stem, moved in stale.items():
+            terminalreporter.write_line(f"{stem}: {', '.join(m.removeprefix('halluc_lab.') for m in moved)}")
 
 
 def pytest_collection_modifyitems(config, items):

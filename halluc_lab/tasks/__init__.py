@@ -25,27 +25,13 @@ and ``claims`` says which parts of a completion are supported::
 from halluc_lab.tasks.arithmetic import Arithmetic, ArithmeticConfig
 from halluc_lab.tasks.in_context import InContext, InContextConfig
 from halluc_lab.tasks.base import (ABSTAINED, CONTRADICTED, HALLUCINATED, MALFORMED, SPLITS, SUPPORTED,
-                                   UNSUPPORTED, Claim, Example, Task, completion_symbols)
+                                   UNSUPPORTED, Claim, Example, Task, completion_symbols, make_task)
 from halluc_lab.tasks.kb_growth import KBGrowth, KBGrowthConfig
 from halluc_lab.tasks.kb_walk import KBWalk, KBWalkConfig
 from halluc_lab.tasks.sycophancy import Sycophancy, SycophancyConfig
 from halluc_lab.tasks.path_star import PathStar, PathStarConfig
 
 TaskConfig = KBWalkConfig | ArithmeticConfig | PathStarConfig | InContextConfig | KBGrowthConfig | SycophancyConfig
-
-
-TASK_OF_CONFIG: dict[type, type[Task]] = {KBWalkConfig: KBWalk, ArithmeticConfig: Arithmetic, PathStarConfig: PathStar,
-                                         InContextConfig: InContext, KBGrowthConfig: KBGrowth,
-                                         SycophancyConfig: Sycophancy}  # each config's task: a table, not a chain of ifs
-
-
-def make_task(config: TaskConfig) -> Task:
-    """The task a config describes: ``make_task(ArithmeticConfig())`` is an :class:`Arithmetic`."""
-    task = TASK_OF_CONFIG.get(type(config))
-    if task is None:
-        raise TypeError(f"config must be one of {', '.join(c.__name__ for c in TASK_OF_CONFIG)}, "
-                        f"got {type(config).__name__}")
-    return task(config)
 
 
 __all__ = ["Arithmetic", "ArithmeticConfig", "InContext", "InContextConfig", "KBGrowth", "KBGrowthConfig", "Sycophancy", "SycophancyConfig", "KBWalk", "KBWalkConfig", "PathStar", "PathStarConfig",

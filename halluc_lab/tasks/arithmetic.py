@@ -69,6 +69,7 @@ class Arithmetic(Task):
     """
 
     name = "arithmetic"
+    config_type = ArithmeticConfig
 
     def __init__(self, config: ArithmeticConfig = ArithmeticConfig()):
         self.config = config

@@ -167,6 +167,22 @@ def exact_reward(gold: list[str], said: list[str], *, correct_reward: float, abs
     return wrong_reward
 
 
+_TASK_OF_CONFIG: dict[type, type] = {}  # each config type's task, filled as task modules define them
+
+
+def make_task(config) -> Task:
+    """The task a config describes: ``make_task(ArithmeticConfig())`` is an :class:`Arithmetic`.
+
+    Each task class names its config (``config_type``), so a config's own module, imported with it, is the only
+    task module this needs: a recipe's code is its task's module, not every task's.
+    """
+    task = _TASK_OF_CONFIG.get(type(config))
+    if task is None:
+        known = ", ".join(sorted(c.__name__ for c in _TASK_OF_CONFIG)) or "none defined yet"
+        raise TypeError(f"config must be a task config ({known}), got {type(config).__name__}")
+    return task(config)
+
+
 class Task:
     """The interface every task implements; :meth:`reward` and :meth:`tokenizer` are shared.
 
@@ -176,6 +192,12 @@ class Task:
     """
 
     name: str = "task"
+    config_type: type | None = None  # the frozen config this task is built from (make_task finds it by it)
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if cls.__dict__.get("config_type") is not None:
+            _TASK_OF_CONFIG[cls.__dict__["config_type"]] = cls
 
     def symbols(self) -> tuple[str, ...]:
         """The task's vocabulary, without the special tokens."""

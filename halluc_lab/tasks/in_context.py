@@ -63,6 +63,7 @@ class InContext(Task):
     """
 
     name = "in_context"
+    config_type = InContextConfig
 
     def __init__(self, config: InContextConfig = InContextConfig()):
         self.config = config

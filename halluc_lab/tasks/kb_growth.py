@@ -59,6 +59,7 @@ class KBGrowth(KBWalk):
     """
 
     name = "kb_growth"
+    config_type = KBGrowthConfig
 
     def __init__(self, config: KBGrowthConfig = KBGrowthConfig()):
         super().__init__(config.base)

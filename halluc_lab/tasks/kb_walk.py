@@ -105,6 +105,7 @@ class KBWalk(Task):
     """
 
     name = "kb_walk"
+    config_type = KBWalkConfig
 
     def __init__(self, config: KBWalkConfig = KBWalkConfig()):
         self.config = config

@@ -70,6 +70,7 @@ class PathStar(Task):
     """
 
     name = "path_star"
+    config_type = PathStarConfig
 
     def __init__(self, config: PathStarConfig = PathStarConfig()):
         self.config = config

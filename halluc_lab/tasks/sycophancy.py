@@ -56,6 +56,7 @@ class Sycophancy(Arithmetic):
     """
 
     name = "sycophancy"
+    config_type = SycophancyConfig
 
     def __init__(self, config: SycophancyConfig = SycophancyConfig()):
         super().__init__(config.base)

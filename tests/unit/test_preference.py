@@ -19,7 +19,6 @@ from halluc_lab.model import ModelConfig
 from halluc_lab.preference import (DPOLoss, PreferencePairs, SampleGroups, VerifierReward, best_of_n, build_pairs,
                                    pair_logps, precompute_reference_logps, rank_pairs, rsft_rows, sample_groups,
                                    soft_best_of_n)
-from halluc_lab.recipe_cache import Stage
 from halluc_lab.tasks import Arithmetic, ArithmeticConfig, make_task
 from halluc_lab.train import TrainConfig, train
 from tests.unit._tiny_lm import small_transformer
@@ -229,14 +228,7 @@ def test_the_verifier_reward_is_plus_one_zero_minus_lambda_on_token_ids():
 
 
 # -- recipe stages ---------------------------------------------------------------------------------------------------
-@dataclasses.dataclass(frozen=True)
-class DPO(preference.DPOTraining, Stage):
-    """The DPO stage as the registry declares it."""
-
-
-@dataclasses.dataclass(frozen=True)
-class RSFT(preference.RSFTTraining, Stage):
-    """The RSFT stage as the registry declares it."""
+DPO, RSFT = preference.DPO, preference.RSFT
 
 
 def tiny_chain(stage, steps=6, **train):
@@ -265,7 +257,6 @@ def shared_cache(tmp_path_factory):
 
 @pytest.fixture
 def cache(shared_cache):
-    preference._run.cache_clear()
     return shared_cache
 
 
@@ -303,30 +294,22 @@ def _kill_at(monkeypatch, name, step):
             return data(i)
         return real(model, watched, cfg, **kw)
 
-    monkeypatch.setattr(recipe_cache, "train", spy)
+    monkeypatch.setattr(preference, "train", spy)
 
 
-def test_a_killed_dpo_run_resumes_in_its_process_and_starts_over_in_a_new_one(cache, monkeypatch):
+def test_a_killed_dpo_run_resumes_from_its_checkpoint_with_the_rows_of_the_starting_model(cache, monkeypatch):
     r = tiny_chain(DPO(n_prompts=64, samples=8, beta=0.1), checkpoint_every=2)
     whole = recipes.load_recipe(dataclasses.replace(r, name=r.name + "-uninterrupted"), CPU)
     _kill_at(monkeypatch, r.name, 4)  # dies in step 5, after the checkpoint of step 4
     with pytest.raises(Killed):
         recipes.load_recipe(r, CPU)
-    monkeypatch.setattr(recipe_cache, "train", halluc_train.train)
+    assert os.path.isdir(os.path.join(recipes.directory(r), "checkpoints"))
+    monkeypatch.setattr(preference, "train", halluc_train.train)
     with warnings.catch_warnings():
         warnings.simplefilter("error", recipes.CacheWarning)
-        resumed = recipes.load_recipe(r, CPU)  # the same process still holds the rows of step 1
-    assert same_weights(resumed.model, whole.model)
-    _kill_at(monkeypatch, r.name + "-2", 4)
-    r2 = dataclasses.replace(r, name=r.name + "-2")
-    with pytest.raises(Killed):
-        recipes.load_recipe(r2, CPU)
-    monkeypatch.setattr(recipe_cache, "train", halluc_train.train)
-    preference._run.cache_clear()  # as in a new process
-    with pytest.warns(recipes.CacheWarning, match="cannot resume.*training from step 0"):
-        restarted = recipes.load_recipe(r2, CPU)
-    assert same_weights(restarted.model, whole.model)
-    assert not os.path.exists(os.path.join(recipes.directory(r2), "checkpoints"))
+        resumed = recipes.load_recipe(r, CPU)  # no state survives in the process: the rows are built again
+    assert resumed.trained_now and same_weights(resumed.model, whole.model)
+    assert not os.path.exists(os.path.join(recipes.directory(r), "checkpoints"))
 
 
 @pytest.mark.parametrize("beta", [None, 0.5], ids=["best-of-n", "soft"])

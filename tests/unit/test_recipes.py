@@ -12,7 +12,7 @@ import warnings
 import pytest
 import torch
 
-from halluc_lab import code_trees, recipe_cache, recipes
+from halluc_lab import code_trees, recipe, recipe_cache, recipes
 from halluc_lab import train as halluc_train
 from halluc_lab.data import IGNORE
 from halluc_lab.model import ModelConfig
@@ -75,7 +75,7 @@ def test_every_name_exists_at_smoke_scale_and_sft_starts_from_its_pretraining():
             parent = (f"{task}-sft-clean" if name in ("path_star-sft-backspace", "path_star-sft-continued")
                       or stage in ("dpo", "rsft", "rsft-soft", "ppo", "rlhf", "rlhf-agreeable", "rlvr", "sft-own-errors",
                                    "sft-corrections")
-                      else f"{task}-sft-backspace" if stage in ("rlvr-bksp", "rsft-bksp", "dpo-bksp")
+                      else f"{task}-sft-backspace" if stage in ("rlvr-bksp", "rlvr-bksp-masked", "rsft-bksp", "dpo-bksp")
                       else f"{task}-sft-own-errors" if stage in ("rlvr-own", "rsft-own", "dpo-own")
                       else f"{task}-sft-corrections"
                       if stage in ("rlvr-corrections", "rsft-corrections", "dpo-corrections")
@@ -98,8 +98,9 @@ def test_one_pass_is_counted_once_and_kept_under_the_recipe_key(fresh_registry, 
     r = recipes.get("arithmetic-pretrain", "smoke")
     rows = recipes.training_rows(r).input_ids.shape[0]
     assert r.train.steps == rows // r.batch_size
-    kept = tmp_path / "steps" / r.name / f"{recipes.key(dataclasses.replace(r, train=recipes.TrainConfig(steps=1, warmup_steps=0)))}.json"
-    assert json.loads(kept.read_text()) == r.train.steps
+    draft = recipes.key(dataclasses.replace(r, train=recipes.TrainConfig(steps=1, warmup_steps=0)))
+    kept = tmp_path / "steps" / r.name / f"{draft}.json"
+    assert json.loads(kept.read_text())["steps"] == r.train.steps
 
     def counted(_):
         raise AssertionError("the corpus was built again")
@@ -107,11 +108,24 @@ def test_one_pass_is_counted_once_and_kept_under_the_recipe_key(fresh_registry, 
     recipes.get.cache_clear()
     monkeypatch.setattr(recipes, "training_rows", counted)
     assert recipes.get("arithmetic-pretrain", "smoke") == r  # read back, not counted
-    for bad in ("{not json", "-3", "true", "2.5"):  # unreadable or impossible: counted again
+    whole = json.loads(kept.read_text())
+    edited = {**whole, "steps": 5}  # a hand-edited count: its checksum no longer matches
+    for bad in ("{not json", "-3", "true", "2.5", "5", json.dumps(edited), json.dumps({**whole, "key": "0" * 16})):
         kept.write_text(bad)
         recipes.get.cache_clear()
-        with pytest.raises(AssertionError, match="built again"):
+        with pytest.warns(recipes.CacheWarning, match=re.escape(str(kept))), \
+                pytest.raises(AssertionError, match="built again"):
             recipes.get("arithmetic-pretrain", "smoke")
+
+
+def test_the_isolate_the_key_arm_differs_from_rlvr_bksp_only_in_masking_the_token_during_rl():
+    for task in ("kb_walk", "arithmetic"):
+        allowed, masked = (recipes.get(f"{task}-{s}", "smoke") for s in ("rlvr-bksp", "rlvr-bksp-masked"))
+        assert masked.parent == allowed.parent and masked.parent.name == f"{task}-sft-backspace"
+        assert allowed.stage.config.allow_bksp and not masked.stage.config.allow_bksp
+        same = dataclasses.replace(masked, name=allowed.name, stage=dataclasses.replace(
+            masked.stage, config=dataclasses.replace(masked.stage.config, allow_bksp=True)))
+        assert same == allowed
 
 
 @pytest.mark.parametrize("bad", ["kb_walk-finetune", "chess-pretrain", "kb_walk"])
@@ -260,14 +274,14 @@ def test_configs_of_different_types_with_equal_fields_have_different_keys():
 
 def test_code_modules_are_what_the_recipe_imports_and_nothing_else():
     used = recipes.code_modules(recipes.get("kb_walk-sft-clean", "smoke"))
-    for m in ("losses", "data", "model", "attention", "positional", "tokenizer", "sft", "train", "stages",
-              "recipe_cache", "hf_convert", "tasks.kb_walk", "tasks.base"):
+    for m in ("losses", "data", "model", "attention", "positional", "tokenizer", "sft", "pretraining", "train",
+              "recipe", "tasks.kb_walk", "tasks.base"):
         assert f"halluc_lab.{m}" in used
-    # The module of the stage classes declares chapter 9's stages too, so every recipe's key covers the code they
-    # import (the engine and the evaluation they sample and score with): conservative, never stale. The registry's
-    # tables enter the key as the recipe's config, not as code.
-    assert "halluc_lab.preference" in used
-    for m in ("interactive", "claims", "notebook", "ngram", "rnn", "stats"):
+    # A stage lives beside its training, and a recipe imports its own task's module: SFT's key covers no
+    # post-training code and no other task. The registry's tables enter the key as the recipe's config.
+    for m in ("preference", "rlhf", "rlvr", "rlvr_rounds", "engine", "evaluate", "tasks.arithmetic", "tasks",
+              "interactive", "claims", "notebook", "ngram", "rnn", "stats", "recipes", "recipe_cache",
+              "code_trees", "progress", "hf_convert"):
         assert f"halluc_lab.{m}" not in used
     assert "halluc_lab" not in used  # "from halluc_lab import x" uses x, not the package's __init__
 
@@ -431,7 +445,7 @@ def _train_spy(monkeypatch, name, kill_at=None):
             return data(i)
         return real(model, watched, cfg, **kw)
 
-    monkeypatch.setattr(recipe_cache, "train", spy)
+    monkeypatch.setattr(recipe, "train", spy)  # the default Stage.fit's loop
     return first
 
 

@@ -11,8 +11,7 @@ import torch
 from halluc_lab import recipes
 from halluc_lab.device import deterministic
 from halluc_lab.reward_model import RewardModel, pair_accuracy, sample_groups
-from halluc_lab.rlhf import PPOConfig, PPOHistory, PPOTraining, RewardModelPlan, fit_reward_model, ppo
-from halluc_lab.recipe_cache import Stage
+from halluc_lab.rlhf import PPO, PPOConfig, PPOHistory, RewardModelPlan, fit_reward_model, ppo
 from tests.unit._tiny_lm import small_transformer
 from tests.unit.test_preference import cache, same_weights, shared_cache, tiny_chain  # noqa: F401 (fixtures)
 from tests.unit.test_reward_model import BOS, GOOD, PAD, V
@@ -84,11 +83,6 @@ def test_the_reward_model_of_rlhf_learns_the_verifiers_ranking():
 
 
 # -- the recipe stage ------------------------------------------------------------------------------------------------
-@dataclasses.dataclass(frozen=True)
-class PPO(PPOTraining, Stage):
-    """The PPO stage as the registry declares it."""
-
-
 ROUNDS = PPOConfig(prompts_per_iteration=8, samples_per_prompt=4, kl_coef=0.1, value_lr=1e-3)
 RLHF_STAGE = PPO(n_prompts=64, config=ROUNDS, reward_model=RewardModelPlan(samples=4, steps=20, lr=1e-3, batch_size=8))
 

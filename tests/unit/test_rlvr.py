@@ -24,7 +24,7 @@ from halluc_lab.rlvr import (
     Listing3,
     RLVRConfig,
     RLVRHistory,
-    RLVRTraining,
+    RLVR,
     rlvr,
 )
 from halluc_lab.rlvr_rounds import CapturedUpdate, keep_rows, log_logprobs, pad_flags, round_rows
@@ -223,12 +223,12 @@ def test_rlvr_config_refuses_bad_settings(bad, error, match):
 ])
 def test_the_rlvr_stage_refuses_bad_settings(bad, error, match):
     with pytest.raises(error, match=match):
-        RLVRTraining(**{"n_prompts": 4, **bad})
+        RLVR(**{"n_prompts": 4, **bad})
 
 
 def test_the_stage_has_no_rows():
     with pytest.raises(ValueError, match="no rows"):
-        RLVRTraining(n_prompts=4).rows(None)
+        RLVR(n_prompts=4).rows(None)
 
 
 def test_listing3_has_no_kl_term():
