@@ -1,6 +1,6 @@
 # Thin targets (ARCHITECTURE.md §1). Each target sets itself up in a local virtual environment,
 # installing only what it needs, at the versions requirements.lock pins:
-#   make book                         the book's tools alone (pyproject.toml's `book` extra; no torch)
+#   make book                         the book's tools alone (the `book` extra; no torch)
 #   make lab, reproduce, sweep, bench the library with its `lab` (and `bench`) extra, editable
 #   make test                         everything (the `test` extra), ruff, and Debian's Chromium
 # On a machine without an NVIDIA GPU torch is the CPU build: the CUDA wheels are never pulled.
@@ -85,7 +85,8 @@ lab: $(VENV)/.installed-lab
 reproduce: $(VENV)/.installed-lab $(VENV)/.installed-book
 	$(PY) scripts/reproduce.py --scale auto --out _build/runs
 
-# QUICK=1: a smoke check of every benchmark script (tiny model, few tokens; about a minute on a CPU).
+# QUICK=1: a smoke check of every benchmark script (tiny model, few tokens; under a minute
+# on a CPU).
 bench: $(VENV)/.installed-bench
 	$(PY) benchmarks/run_all.py $(if $(QUICK),--quick)
 
