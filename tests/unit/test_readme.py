@@ -35,7 +35,10 @@ SKIPPED = [
     (r"^\.venv/bin/pip install ", "installs from the network; test_packaging and make test's "
                                   "set-up check the install"),
     (r"scripts/sweep\.py|^make sweep ", "several smoke runs of chapter 8: minutes"),
+    (r"scripts/reproduce\.py --adopt", "adopts full-scale runs, which take a GPU"),
     (r"scripts/reproduce\.py", "re-runs every chapter, at full scale on a GPU"),
+    (r"--nnodes=2", "two machines with GPUs"),
+    (r"torchrun --nproc_per_node=2 .*--scale full", "two GPUs"),
     (r"--scale full", "full scale: minutes on a GPU, an hour on a CPU"),
 ]
 # The program a README command may start with: make, or one from the project's environment.
