@@ -1,7 +1,8 @@
 # Thin targets (ARCHITECTURE.md §1). Each target sets itself up in a local virtual environment,
 # installing only what it needs, at the versions requirements.lock pins:
 #   make book                         the book's tools alone (the `book` extra; no torch)
-#   make lab, reproduce, sweep, bench the library with its `lab` (and `bench`) extra, editable
+#   make lab, reproduce, sweep        the library, editable, with its `lab` extra
+#   make bench                        the library with the `bench` extra (the benchmarks' peers)
 #   make test                         everything (the `test` extra), ruff, and Debian's Chromium
 # On a machine without an NVIDIA GPU torch is the CPU build: the CUDA wheels are never pulled.
 
@@ -53,7 +54,7 @@ $(VENV)/.installed-book: pyproject.toml $(LOCK) | $(PY)
 	$(PIP) --requirement $(VENV)/book-requirements.txt
 	@touch $@
 
-# The package in editable mode with the extra the file's name gives (lab, test).
+# The package in editable mode with the extra the file's name gives (lab, bench, test).
 $(VENV)/.installed-%: pyproject.toml $(LOCK) $(VENV)/.torch
 	$(PIP) --editable ".[$*]"
 	@touch $@
