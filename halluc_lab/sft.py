@@ -49,7 +49,7 @@ from halluc_lab.data import IGNORE, Batch, Encoded, encode_document, encode_exam
 from halluc_lab.recipe import Prepare, Recipe, Stage
 from halluc_lab.retrieval import fact_passages, rag_prompt, walk_passages
 from halluc_lab.sampling import sample
-from halluc_lab.tasks.base import Example, Task, completion_symbols, make_task, writing
+from halluc_lab.tasks.base import Example, Task, completion_symbols, make_task
 from halluc_lab.tokenizer import ABSTAIN, SPECIAL_TOKENS, Tokenizer
 
 

@@ -11,7 +11,7 @@ import torch
 from scipy import stats
 from torch import nn
 
-from halluc_lab import preference, recipe_cache, recipes
+from halluc_lab import preference, recipes
 from halluc_lab import train as halluc_train
 from halluc_lab.data import IGNORE, batches
 from halluc_lab.evaluate import score_answers
