@@ -389,3 +389,32 @@ class ForbiddenFacts:
         for w in writing(completion, text):
             wrote |= bool(text) and text[-1] == self.relation and w in entities
         return wrote, any(a == self.relation and b in entities for a, b in zip(text, text[1:]))
+
+
+# -- retry demonstrations: a dead end walked and taken back (Physics of LMs 2.2) ----------------
+def retry_demonstration(tok: Tokenizer, task, example: Example, rng: random.Random, *,
+                        wrong_targets: bool = True) -> Encoded:
+    """An SFT example whose completion walks a wrong arm to its dead end, takes it back with one
+    ``<bksp>`` per wrong node and writes the gold path (``DeadEnds.retry_completion`` of
+    :mod:`halluc_lab.tasks.dead_ends`), ``<bksp>`` kept in the context. The retry data that
+    pre-training sees, for SFT from a clean pre-trained model (the fine-tune-only control). Every
+    completion token is a target, the wrong ones too, as in Ye et al.'s retry data;
+    ``wrong_targets=False`` leaves the wrong nodes out of the loss, as
+    :func:`backspace_demonstration` does.
+
+    >>> from halluc_lab.tasks.dead_ends import DeadEnds, DeadEndsConfig
+    >>> task = DeadEnds(DeadEndsConfig(reveal=1, n_nodes=5)); tok = task.tokenizer()
+    >>> ex = Example("0 1 , 1 2 , 0 3 , 3 4 / 0 4 =", "0 3 4")
+    >>> seq = retry_demonstration(tok, task, ex, random.Random(0), wrong_targets=False)
+    >>> tok.decode([t for t in seq.labels if t >= 0])
+    '0 <bksp> <bksp> 3 4 <eos>'
+    """
+    if not callable(getattr(task, "retry_completion", None)):
+        raise TypeError(f"task must have dead ends to retry from (a DeadEnds task), "
+                        f"got {type(task).__name__}")
+    seq = encode_example(tok, Example(example.prompt, task.retry_completion(example, rng)))
+    if wrong_targets:
+        return seq
+    first = 2 + len(tok.encode(example.prompt))  # the first wrong node: after <bos>, prompt, centre
+    wrong = seq.ids.index(tok.bksp_id) - first  # the wrong nodes run up to the first <bksp>
+    return Encoded(seq.ids, seq.labels[:first] + (IGNORE,) * wrong + seq.labels[first + wrong:])

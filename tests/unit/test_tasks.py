@@ -9,7 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from halluc_lab.tasks import (ABSTAINED, CONTRADICTED, MALFORMED, SUPPORTED, UNSUPPORTED, Arithmetic,
-                              ArithmeticConfig, InContext, InContextConfig, KBGrowth, KBGrowthConfig, KBWalk,
+                              ArithmeticConfig, DeadEnds, DeadEndsConfig, InContext,
+                              InContextConfig, KBGrowth, KBGrowthConfig, KBWalk,
                               KBWalkConfig, PathStar, Sycophancy, SycophancyConfig,
                               PathStarConfig, completion_symbols, make_task)
 from halluc_lab.tasks.base import split_of
@@ -20,7 +21,10 @@ TASKS = [KBWalk(KBWalkConfig(n_entities=20, n_relations=3, common_count=5)),
          InContext(InContextConfig(n_pretrain_documents=50)),
          Arithmetic(ArithmeticConfig(max_digits=3, n_pretrain_documents=50, scratchpad=True)),
          KBGrowth(KBGrowthConfig(KBWalkConfig(n_entities=20, n_relations=3, common_count=5), new_entities=4)),
-         Sycophancy(SycophancyConfig(ArithmeticConfig(max_digits=3, n_pretrain_documents=50)))]
+         Sycophancy(SycophancyConfig(ArithmeticConfig(max_digits=3, n_pretrain_documents=50))),
+         DeadEnds(DeadEndsConfig(degree=3, reveal=2, n_nodes=16, pretrain_tokens=2000,
+                                 retry_fraction=0.5)),
+         DeadEnds(DeadEndsConfig(degree=2, reveal=None, steps=3, n_nodes=16, pretrain_tokens=2000))]
 
 
 # -- shared behaviour --------------------------------------------------------------------------
