@@ -263,6 +263,7 @@ class KBWalk(Task):
             raise ValueError(f"hops must be an int >= 1 or None, got {hops!r}")
         rng = rng_for(seed, "kb_walk", split, hops)
         hashed = "train" if split == "train" else "heldout"  # PRACTISED and HARD: held-out chains
+        salt = self.config.world_seed
         out = []
         for _ in range(n):
             for _ in range(_MAX_TRIES):
@@ -270,7 +271,6 @@ class KBWalk(Task):
                 start = rng.choice(self.entities)
                 rels = [rng.choice(self.relations) for _ in range(k)]
                 key = " ".join([start, *rels])
-                salt = self.config.world_seed
                 if split_of(key, self.config.heldout_fraction, salt=salt) != hashed:
                     continue
                 if where is not None and not where(start, rels):
