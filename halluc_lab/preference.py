@@ -53,34 +53,35 @@ from halluc_lab.reward_model import (check_rate, PreferencePairs, SampleGroups, 
 from halluc_lab.evaluate import distinct_examples, model_device
 from halluc_lab.sft import own_error_demonstration
 from halluc_lab.recipe import Recipe, Stage
-from halluc_lab.tasks.base import Example, Task, check_count, make_task, split_of
+from halluc_lab.tasks.base import Example, Task, check_count, make_task
 from halluc_lab.train import History, Loss, NextTokenLoss, train
 
 CHUNK = 512  # rows per generation or forward pass
 
 
 
-# -- prompts: the held-out split, halved --------------------------------------------------------------------
-def _learning_half(prompt: str) -> bool:
-    return split_of(prompt, 0.5, salt=9) == "heldout"  # a stable hash of the prompt, independent of the split's
-
-
+# -- prompts: the held-out split, in a learning and an evaluated part ----------------------------
 def preference_examples(task: Task, n: int, seed: int) -> list[Example]:
-    """``n`` held-out examples (drawn with repeats, seeded) whose prompts lie in the half of the held-out split
-    the chapter-9 methods learn from. Not the train split: the SFT model answers its prompts the same way every
-    time, so its samples there give the annotator nothing to rank; :func:`evaluation_examples` is the other half."""
+    """``n`` held-out examples (drawn with repeats, seeded) whose prompts lie in the part of the
+    held-out split the chapter-9 methods learn from (:meth:`Task.learning_part`). Not the train
+    split: the SFT model answers its prompts the same way every time, so its samples there give the
+    annotator nothing to rank; :func:`evaluation_examples` is the other part."""
     check_count("n", n, 1)
     out: list[Example] = []
     for round_ in range(50):
-        out += [e for e in task.examples("heldout", n, seed=seed + 7919 * round_) if _learning_half(e.prompt)]
+        drawn = task.examples("heldout", n, seed=seed + 7919 * round_)
+        out += [e for e in drawn if task.learning_part(e.prompt)]
         if len(out) >= n:
             return out[:n]
-    raise ValueError(f"found {len(out)} of {n} held-out prompts in the learning half in 50 rounds of draws")
+    raise ValueError(f"found {len(out)} of {n} held-out prompts in the learning part in 50 rounds "
+                     "of draws")
 
 
 def evaluation_examples(task: Task, n: int, seed: int) -> list[Example]:
-    """Up to ``n`` distinct held-out examples whose prompts lie in the other half: what the methods never saw."""
-    return [e for e in distinct_examples(task, "heldout", 2 * n, seed) if not _learning_half(e.prompt)][:n]
+    """Up to ``n`` distinct held-out examples whose prompts lie in the other part: what the methods
+    never saw."""
+    drawn = distinct_examples(task, "heldout", 2 * n, seed)
+    return [e for e in drawn if not task.learning_part(e.prompt)][:n]
 
 
 # -- DPO (001 Part 2 §1; 004 §9.2) ----------------------------------------------------------------------

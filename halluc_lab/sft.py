@@ -303,6 +303,35 @@ class RetrievedContext:
         return dataclasses.replace(example, prompt=rag_prompt(texts, example.prompt))
 
 
+# -- retry demonstrations: a dead end walked and taken back (Physics of LMs 2.2) ----------------
+def retry_demonstration(tok: Tokenizer, task, example: Example, rng: random.Random, *,
+                        wrong_targets: bool = True) -> Encoded:
+    """An SFT example whose completion walks a wrong arm to its dead end, takes it back with one
+    ``<bksp>`` per wrong node and writes the gold path (``DeadEnds.retry_completion`` of
+    :mod:`halluc_lab.tasks.dead_ends`), ``<bksp>`` kept in the context. The retry data that
+    pre-training sees, for SFT from a clean pre-trained model (the fine-tune-only control). Every
+    completion token is a target, the wrong ones too, as in Ye et al.'s retry data;
+    ``wrong_targets=False`` leaves the wrong nodes out of the loss, as
+    :func:`backspace_demonstration` does.
+
+    >>> from halluc_lab.tasks.dead_ends import DeadEnds, DeadEndsConfig
+    >>> task = DeadEnds(DeadEndsConfig(reveal=1, n_nodes=5)); tok = task.tokenizer()
+    >>> ex = Example("0 1 , 1 2 , 0 3 , 3 4 / 0 4 =", "0 3 4")
+    >>> seq = retry_demonstration(tok, task, ex, random.Random(0), wrong_targets=False)
+    >>> tok.decode([t for t in seq.labels if t >= 0])
+    '0 <bksp> <bksp> 3 4 <eos>'
+    """
+    if not callable(getattr(task, "retry_completion", None)):
+        raise TypeError(f"task must have dead ends to retry from (a DeadEnds task), "
+                        f"got {type(task).__name__}")
+    seq = encode_example(tok, Example(example.prompt, task.retry_completion(example, rng)))
+    if wrong_targets:
+        return seq
+    first = 2 + len(tok.encode(example.prompt))  # the first wrong node: after <bos>, prompt, centre
+    wrong = seq.ids.index(tok.bksp_id) - first  # the wrong nodes run up to the first <bksp>
+    return Encoded(seq.ids, seq.labels[:first] + (IGNORE,) * wrong + seq.labels[first + wrong:])
+
+
 # -- the stage: SFT (chapter 8) -------------------------------------------------------------------------
 @dataclass(frozen=True)
 class SFT(Stage):
@@ -338,7 +367,7 @@ class SFT(Stage):
         are drawn, with the stage's ``rng``; with backspace demonstrations as well, errors are injected in
         the augmented example's completion (the passages are prompt: never a target). Replayed documents
         come from the corpus of the chain's pre-training recipe (its seed), also when this recipe starts
-        from another SFT recipe.
+        from another SFT recipe, without the facts the task keeps for evaluation only.
         """
         task = make_task(recipe.task)
         tok = task.tokenizer()
@@ -352,7 +381,7 @@ class SFT(Stage):
             else:
                 seqs.append(encode_example(tok, ex, completion_only=self.completion_only))
         if self.replay_fraction > 0:
-            docs = task.pretraining_documents(seed=recipe.pretraining.seed)
+            docs = task.replay_documents(seed=recipe.pretraining.seed)  # no evaluation-only fact
             seqs += [encode_document(tok, d) for d in rng.sample(docs, int(self.replay_fraction * self.n_examples))]
         rng.shuffle(seqs)
         return pack(seqs, recipe.seq_len, tok.pad_id)

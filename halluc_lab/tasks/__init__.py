@@ -6,6 +6,8 @@ One module per task, sharing :mod:`halluc_lab.tasks.base`:
   (rare facts, abstention, hallucinated steps);
 * :mod:`~halluc_lab.tasks.arithmetic` — multi-digit addition, digit by digit;
 * :mod:`~halluc_lab.tasks.path_star` — path-star graphs (Bachmann & Nagarajan, 2024);
+* :mod:`~halluc_lab.tasks.dead_ends` — path-star graphs whose wrong first step meets a dead end k
+  tokens later (or never), and retry data that takes it back (chapter 10's fair test);
 * :mod:`~halluc_lab.tasks.kb_growth` — a kb_walk world that grows new entities, relations and facts (chapter
   12's continual learning);
 * :mod:`~halluc_lab.tasks.sycophancy` — arithmetic prompts that carry the user's stated answer, right or wrong
@@ -30,10 +32,13 @@ from halluc_lab.tasks.kb_growth import KBGrowth, KBGrowthConfig
 from halluc_lab.tasks.kb_walk import KBWalk, KBWalkConfig
 from halluc_lab.tasks.sycophancy import Sycophancy, SycophancyConfig
 from halluc_lab.tasks.path_star import PathStar, PathStarConfig
+from halluc_lab.tasks.dead_ends import DeadEnds, DeadEndsConfig
 
-TaskConfig = KBWalkConfig | ArithmeticConfig | PathStarConfig | InContextConfig | KBGrowthConfig | SycophancyConfig
+TaskConfig = (KBWalkConfig | ArithmeticConfig | PathStarConfig | InContextConfig | KBGrowthConfig
+              | SycophancyConfig | DeadEndsConfig)
 
 
 __all__ = ["Arithmetic", "ArithmeticConfig", "InContext", "InContextConfig", "KBGrowth", "KBGrowthConfig", "Sycophancy", "SycophancyConfig", "KBWalk", "KBWalkConfig", "PathStar", "PathStarConfig",
-           "Task", "TaskConfig", "Example", "Claim", "make_task", "completion_symbols", "SPLITS",
+           "DeadEnds", "DeadEndsConfig", "Task", "TaskConfig", "Example", "Claim", "make_task",
+           "completion_symbols", "SPLITS",
            "SUPPORTED", "CONTRADICTED", "UNSUPPORTED", "ABSTAINED", "MALFORMED", "HALLUCINATED"]

@@ -107,10 +107,10 @@ def split_of(key: str, heldout_fraction: float, salt: int) -> str:
     return "heldout" if u < heldout_fraction else "train"
 
 
-def check_split(split: str) -> None:
-    """ValueError unless ``split`` is ``"train"`` or ``"heldout"``."""
-    if split not in SPLITS:
-        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+def check_split(split: str, splits: Sequence[str] = SPLITS) -> None:
+    """ValueError unless ``split`` is one of ``splits`` (default: ``"train"``, ``"heldout"``)."""
+    if split not in splits:
+        raise ValueError(f"split must be one of {tuple(splits)}, got {split!r}")
 
 
 def check_count(name: str, n: int, low: int = 0, high: int | None = None) -> None:
@@ -225,6 +225,11 @@ class Task:
         """The pre-training corpus: documents of space-separated symbols (no special tokens)."""
         raise NotImplementedError
 
+    def replay_documents(self, seed: int) -> list[str]:
+        """The pre-training documents a later stage may replay (SFT's replay): all of them, unless the task keeps
+        some facts for evaluation only, which no post-training stage may show again."""
+        return self.pretraining_documents(seed)
+
     def plausible_error(self, example: Example, position: int, rng: random.Random) -> str:
         """A wrong symbol a model could plausibly write at completion ``position``."""
         raise NotImplementedError
@@ -233,6 +238,14 @@ class Task:
         """``n`` examples of the split for each answer length the task has, keyed by the length in
         the task's own measure (hops, answer digits, path nodes), shortest first."""
         raise NotImplementedError
+
+    def learning_part(self, prompt: str) -> bool:
+        """Whether a held-out prompt lies in the part of the held-out split that post-training
+        stages learn from (DPO, RSFT, PPO, RLVR, own-error demonstrations, reward models); the other
+        part is only ever evaluated. Default: a stable hash of the prompt halves the split. A task
+        whose prompts share look-ups (kb_walk's facts) refines it, so that an evaluated prompt's
+        look-ups are not learned through another prompt."""
+        return split_of(prompt, 0.5, salt=9) == "heldout"  # independent of the train/held-out hash
 
     def abstention_warranted(self, prompt: str, completion: str | Sequence[str], claim: Claim) -> bool:
         """Whether an ABSTAINED claim of ``completion`` is what an expert would say in the state the

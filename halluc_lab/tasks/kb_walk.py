@@ -16,6 +16,20 @@ pairs have no fact at all: the only correct answer there is ``<abstain>``.
   reserved for evaluation: after SFT, a rare fact is still known only from its 1–3
   pre-training sentences, and a reserved pair was never seen at all, so a held-out chain
   through either asks the model something it cannot know well.
+* **Evaluation-only look-ups.** Later stages learn from held-out chains too (the learning part of
+  :meth:`KBWalk.learning_part`: preference pairs, RSFT, own errors, corrections, RLVR, reward
+  models), and a chain shares its look-ups with other chains: halving held-out chains by prompt let
+  the learning half teach the rare facts and reserved pairs that the evaluated half looks up. So
+  before any post-training data is drawn, the world splits its rare facts and reserved pairs (a
+  seeded hash, ``evaluation_fraction`` of them) into *learnable* ones and *evaluation-only* ones,
+  and no stage learns from a chain that looks one of the latter up. Held-out chains then come in
+  kinds (:meth:`KBWalk.kind`): *knowable* (common facts and train-usable pairs only), *practised* (a
+  learnable rare fact or reserved pair, none evaluation-only: a stage may have trained on that
+  look-up through another chain) and the *hard* ones, *rare fact* and *unseen gap* (an
+  evaluation-only look-up: no stage saw it; the rare fact only in its 1–3 pre-training sentences).
+  The splits :data:`PRACTISED` and :data:`HARD` draw the evaluated practised chains and the hard
+  chains. A sample that leaves the gold walk may look anything up, but it is wrong whatever it says
+  there, so the verifier's reward and ranking tell nothing about an evaluation-only fact.
 * **Claims.** Each step ``r_i x_i`` is one claim about the entity the completion itself
   reached: supported if the knowledge base says so, *contradicted* if the pair has a
   different fact, *unsupported* if the pair has none. Both of the latter are hallucinations.
@@ -29,9 +43,9 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from halluc_lab.tasks.base import (ABSTAINED, CONTRADICTED, MALFORMED, SUPPORTED, UNSUPPORTED, Claim,
-                                   Example, Task, check_count, check_fraction, check_split,
-                                   completion_symbols, rng_for, split_of)
+from halluc_lab.tasks.base import (ABSTAINED, CONTRADICTED, MALFORMED, SPLITS, SUPPORTED,
+                                   UNSUPPORTED, Claim, Example, Task, check_count, check_fraction,
+                                   check_split, completion_symbols, rng_for, split_of)
 from halluc_lab.tokenizer import ABSTAIN
 
 _CONSONANTS = "bdfgklmnprstvz"
@@ -42,6 +56,15 @@ _MAX_TRIES = 10_000  # rejection-sampling budget per example before giving up wi
 # in about half a second.
 MAX_ENTITIES = 5_000
 MAX_RELATIONS = 50
+# Held-out chains by what they look up (KBWalk.kind); the last two are the hard ones, which no stage
+# learned from.
+KNOWABLE, PRACTISED, RARE_FACT, UNSEEN_GAP = "knowable", "practised", "rare fact", "unseen gap"
+KINDS = (KNOWABLE, PRACTISED, RARE_FACT, UNSEEN_GAP)
+HARD_KINDS = (RARE_FACT, UNSEEN_GAP)
+# kb_walk's splits beyond train and held-out, both inside the held-out split and never learned from:
+# PRACTISED, the evaluated chains of that kind; HARD, the chains with an evaluation-only look-up.
+HARD = "hard"
+KB_SPLITS = (*SPLITS, PRACTISED, HARD)
 
 
 @dataclass(frozen=True)
@@ -58,6 +81,8 @@ class KBWalkConfig:
     max_hops: int = 3  # chains have between 1 and max_hops steps
     heldout_fraction: float = 0.2  # fraction of chains (start, relations) held out
     train_missing_fraction: float = 0.5  # fraction of fact-less pairs train chains may use (to learn abstaining)
+    # The share of rare facts and reserved pairs kept for evaluation only (no stage learns them).
+    evaluation_fraction: float = 0.5
     world_seed: int = 0  # determines names, facts, rarity and the split
 
     def __post_init__(self):
@@ -68,7 +93,7 @@ class KBWalkConfig:
         check_count("max_hops", self.max_hops, 1)
         check_count("world_seed", self.world_seed)
         for name, zero_ok in (("p_missing", True), ("p_rare", True), ("heldout_fraction", False),
-                              ("train_missing_fraction", False)):
+                              ("train_missing_fraction", False), ("evaluation_fraction", False)):
             check_fraction(name, getattr(self, name), zero_ok=zero_ok)
         rc = self.rare_counts
         if not (isinstance(rc, (tuple, list)) and len(rc) == 2
@@ -145,6 +170,48 @@ class KBWalk(Task):
                         salt=self.config.world_seed)
         return held == "train"
 
+    def evaluation_only(self, entity: str, relation: str) -> bool:
+        """Whether a pair is kept for evaluation: a rare fact or a reserved fact-less pair that no
+        stage learns from (a seeded hash of the pair, ``evaluation_fraction`` of them, so a grown
+        world keeps the old split)."""
+        if self.usable_in_training(entity, relation):
+            return False
+        held = split_of(f"evaluation-only {entity} {relation}", self.config.evaluation_fraction,
+                        salt=self.config.world_seed)
+        return held == "heldout"
+
+    def learnable(self, entity: str, relation: str) -> bool:
+        """Whether some stage may learn this pair: SFT's pairs (:meth:`usable_in_training`), and
+        the rare facts and reserved pairs that are not :meth:`evaluation_only` (post-training's,
+        through held-out chains)."""
+        return not self.evaluation_only(entity, relation)
+
+    def learning_part(self, prompt: str) -> bool:
+        """Whether post-training may learn from a held-out chain: every pair it looks up is
+        :meth:`learnable`, and the prompt's hash puts it in the learning half (the other half of
+        such chains is evaluated).
+
+        >>> task = KBWalk(KBWalkConfig(n_entities=12, n_relations=2))
+        >>> any(task.learning_part(e.prompt) for e in task.examples("hard", 20, seed=0))
+        False
+        """
+        pairs = self._pairs(*self._parse_prompt(prompt))
+        return all(self.learnable(*p) for p in pairs) and super().learning_part(prompt)
+
+    def kind(self, prompt: str) -> str:
+        """What a chain looks up (:data:`KINDS`): :data:`KNOWABLE` (common facts and train-usable
+        pairs only), :data:`PRACTISED` (a learnable rare fact or reserved pair, none
+        evaluation-only), :data:`RARE_FACT` (an evaluation-only rare fact) or :data:`UNSEEN_GAP`
+        (an evaluation-only fact-less pair, no such rare fact)."""
+        return self._kind(*self._parse_prompt(prompt))
+
+    def _kind(self, start: str, relations: Sequence[str]) -> str:
+        pairs = self._pairs(start, relations)
+        hidden = [p for p in pairs if self.evaluation_only(*p)]
+        if hidden:
+            return RARE_FACT if any(p in self.facts for p in hidden) else UNSEEN_GAP
+        return KNOWABLE if all(self.usable_in_training(*p) for p in pairs) else PRACTISED
+
     def knowable(self, prompt: str) -> bool:
         """Whether a model trained on this world could know a chain's answer: every pair its
         gold walk looks up is a common fact or a fact-less pair that train chains use (not a rare
@@ -186,13 +253,18 @@ class KBWalk(Task):
     # -- examples --------------------------------------------------------------------
     def examples(self, split: str, n: int, seed: int, hops: int | None = None,
                  where: Callable[[str, list[str]], bool] | None = None) -> list[Example]:
-        """``n`` chains of the split; ``hops`` fixes the chain length (default: 1..max_hops); ``where(start,
-        relations)``, if given, must accept a chain (a grown world's new or old chains)."""
-        check_split(split)
+        """``n`` chains of the split (:data:`KB_SPLITS`: train, held-out, or two parts of held-out
+        never learned from: :data:`PRACTISED` chains outside the learning part, :data:`HARD` chains
+        with an evaluation-only look-up); ``hops`` fixes the chain length (default: 1..max_hops);
+        ``where(start, relations)``, if given, must accept a chain (a grown world's new or old
+        chains)."""
+        check_split(split, KB_SPLITS)
         check_count("n", n)
         if hops is not None and not (isinstance(hops, int) and 1 <= hops):
             raise ValueError(f"hops must be an int >= 1 or None, got {hops!r}")
         rng = rng_for(seed, "kb_walk", split, hops)
+        hashed = "train" if split == "train" else "heldout"  # PRACTISED and HARD: held-out chains
+        salt = self.config.world_seed
         out = []
         for _ in range(n):
             for _ in range(_MAX_TRIES):
@@ -200,17 +272,28 @@ class KBWalk(Task):
                 start = rng.choice(self.entities)
                 rels = [rng.choice(self.relations) for _ in range(k)]
                 key = " ".join([start, *rels])
-                if split_of(key, self.config.heldout_fraction, salt=self.config.world_seed) != split:
+                if split_of(key, self.config.heldout_fraction, salt=salt) != hashed:
                     continue
                 if where is not None and not where(start, rels):
                     continue
-                if split == "heldout" or self._knowable(start, rels):
+                if self._in_split(split, start, rels):
                     break
             else:
                 raise ValueError(f"could not draw a {split} chain in {_MAX_TRIES} tries: the world has too "
                                  f"few common facts or usable pairs for this split")
             out.append(Example(" ".join([start, *rels, "="]), " ".join(self.walk(start, rels))))
         return out
+
+    def _in_split(self, split: str, start: str, relations: list[str]) -> bool:
+        """Whether a chain the hash puts in the train or held-out split belongs to ``split``."""
+        if split == "train":
+            return self._knowable(start, relations)
+        if split == "heldout":
+            return True
+        kind = self._kind(start, relations)
+        if split == HARD:
+            return kind in HARD_KINDS
+        return kind == PRACTISED and not self.learning_part(" ".join([start, *relations, "="]))
 
     def examples_by_length(self, split: str, n: int, seed: int) -> dict[int, list[Example]]:
         """``n`` chains of the split for each number of hops, 1 … ``max_hops``."""
@@ -230,6 +313,24 @@ class KBWalk(Task):
     def pretraining_documents(self, seed: int) -> list[str]:
         """Every fact ``counts[fact]`` times as ``e r e' .``, shuffled into documents."""
         return self._documents(self.counts, seed, "kb_walk-pretrain")
+
+    def replay_documents(self, seed: int) -> list[str]:
+        """The pre-training documents without their sentences that state an evaluation-only fact: SFT's replay
+        shows again only what post-training may learn (a document left empty is dropped).
+
+        >>> task = KBWalk(KBWalkConfig(n_entities=12, n_relations=2))
+        >>> hidden = [f"{e} {r} {x} ." for (e, r), x in task.facts.items() if task.evaluation_only(e, r)]
+        >>> any(h in d for d in task.replay_documents(0) for h in hidden)
+        False
+        """
+        out = []
+        for doc in self.pretraining_documents(seed):
+            words = doc.split()
+            kept = [" ".join(words[i:i + 4]) for i in range(0, len(words), 4)
+                    if not self.evaluation_only(words[i], words[i + 1])]
+            if kept:
+                out.append(" ".join(kept))
+        return out
 
     def _documents(self, counts: dict[tuple[str, str], int], seed: int, tag: str) -> list[str]:
         """Each fact of ``counts`` as often as it says, shuffled (seeded by ``seed`` and ``tag``) into documents."""

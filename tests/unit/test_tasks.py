@@ -1,5 +1,6 @@
 """Synthetic tasks: verifiers on hand-written completions, disjoint splits, corpora, claims."""
 
+import dataclasses
 import random
 from collections import Counter
 
@@ -8,9 +9,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from halluc_lab.tasks import (ABSTAINED, CONTRADICTED, MALFORMED, SUPPORTED, UNSUPPORTED, Arithmetic,
-                              ArithmeticConfig, InContext, InContextConfig, KBGrowth, KBGrowthConfig, KBWalk,
+                              ArithmeticConfig, DeadEnds, DeadEndsConfig, InContext,
+                              InContextConfig, KBGrowth, KBGrowthConfig, KBWalk,
                               KBWalkConfig, PathStar, Sycophancy, SycophancyConfig,
                               PathStarConfig, completion_symbols, make_task)
+from halluc_lab.tasks.base import split_of
 
 TASKS = [KBWalk(KBWalkConfig(n_entities=20, n_relations=3, common_count=5)),
          Arithmetic(ArithmeticConfig(max_digits=3, n_pretrain_documents=50)),
@@ -18,7 +21,10 @@ TASKS = [KBWalk(KBWalkConfig(n_entities=20, n_relations=3, common_count=5)),
          InContext(InContextConfig(n_pretrain_documents=50)),
          Arithmetic(ArithmeticConfig(max_digits=3, n_pretrain_documents=50, scratchpad=True)),
          KBGrowth(KBGrowthConfig(KBWalkConfig(n_entities=20, n_relations=3, common_count=5), new_entities=4)),
-         Sycophancy(SycophancyConfig(ArithmeticConfig(max_digits=3, n_pretrain_documents=50)))]
+         Sycophancy(SycophancyConfig(ArithmeticConfig(max_digits=3, n_pretrain_documents=50))),
+         DeadEnds(DeadEndsConfig(degree=3, reveal=2, n_nodes=16, pretrain_tokens=2000,
+                                 retry_fraction=0.5)),
+         DeadEnds(DeadEndsConfig(degree=2, reveal=None, steps=3, n_nodes=16, pretrain_tokens=2000))]
 
 
 # -- shared behaviour --------------------------------------------------------------------------
@@ -142,6 +148,67 @@ def test_kb_walk_knowable_chains_are_exactly_those_through_common_facts_and_trai
         task.knowable("nonsense =")
 
 
+SPLIT_WORLD = KBWalk(KBWalkConfig(n_entities=40, n_relations=4, common_count=5, p_missing=0.2,
+                                  p_rare=0.3))
+
+
+def test_kb_walk_evaluation_only_pairs_are_rare_facts_or_reserved_pairs_and_split_both_kinds():
+    task = SPLIT_WORLD
+    pairs = [(e, r) for e in task.entities for r in task.relations]
+    hidden = [p for p in pairs if task.evaluation_only(*p)]
+    assert hidden
+    assert all(not task.usable_in_training(*p) and not task.learnable(*p) for p in hidden)
+    for group in ([p for p in pairs if p in task.facts and task.is_rare(*p)],
+                  [p for p in pairs if p not in task.facts and not task.usable_in_training(*p)]):
+        assert 0 < sum(task.evaluation_only(*p) for p in group) < len(group)  # some of each
+    rebuilt = KBWalk(task.config)  # the split is part of the world
+    assert [rebuilt.evaluation_only(*p) for p in pairs] == [task.evaluation_only(*p) for p in pairs]
+    more = KBWalk(dataclasses.replace(task.config, evaluation_fraction=0.9))
+    assert sum(more.evaluation_only(*p) for p in pairs) > len(hidden)
+
+
+def test_kb_walk_learning_part_never_looks_up_an_evaluation_only_pair_and_kinds_partition_it():
+    task = SPLIT_WORLD
+    held = task.examples("heldout", 600, seed=0)
+    kinds = Counter(task.kind(e.prompt) for e in held)
+    assert set(kinds) == {"knowable", "practised", "rare fact", "unseen gap"}
+    for e in held:
+        looked_up = task._pairs(*task._parse_prompt(e.prompt))
+        hidden = any(task.evaluation_only(*p) for p in looked_up)
+        assert (task.kind(e.prompt) in ("rare fact", "unseen gap")) == hidden
+        assert (task.kind(e.prompt) == "knowable") == task.knowable(e.prompt)
+        if task.learning_part(e.prompt):
+            assert not hidden
+    learning = [e for e in held if task.learning_part(e.prompt)]
+    assert {task.kind(e.prompt) for e in learning} == {"knowable", "practised"}
+
+
+def test_kb_walk_hard_and_practised_splits_are_held_out_chains_of_their_kinds_never_learned():
+    task = SPLIT_WORLD
+    heldout = lambda e: split_of(e.prompt[:-2], task.config.heldout_fraction, salt=0)  # noqa: E731
+    hard, practised = task.examples("hard", 100, seed=0), task.examples("practised", 100, seed=0)
+    assert all(task.kind(e.prompt) in ("rare fact", "unseen gap") for e in hard)
+    assert all(task.kind(e.prompt) == "practised" for e in practised)
+    assert not any(task.learning_part(e.prompt) for e in hard + practised)
+    assert all(heldout(e) == "heldout" for e in hard + practised)
+    assert all(task.gold(e.prompt) == e.completion for e in hard + practised)
+    assert task.examples("hard", 5, seed=1) == task.examples("hard", 5, seed=1)
+    by_length = task.examples_by_length("hard", 3, seed=0)
+    assert set(by_length) == set(range(1, task.config.max_hops + 1))
+    with pytest.raises(ValueError, match="split must be one of"):
+        task.examples("evaluation", 1, seed=0)
+    with pytest.raises(ValueError, match="split must be one of"):
+        Arithmetic().examples("hard", 1, seed=0)  # kb_walk's splits only
+
+
+def test_learning_part_of_tasks_without_shared_look_ups_is_the_prompt_hash_half():
+    task = Arithmetic(ArithmeticConfig(max_digits=2))
+    prompts = [e.prompt for e in task.examples("heldout", 200, seed=0)]
+    halves = [split_of(p, 0.5, salt=9) == "heldout" for p in prompts]  # preference's hash so far
+    assert [task.learning_part(p) for p in prompts] == halves
+    assert 0 < sum(map(task.learning_part, prompts)) < len(prompts)
+
+
 def test_kb_walk_claims_flag_hallucinated_steps():
     task = TASKS[0]
     (e0, r), e1 = next(iter(task.facts.items()))
@@ -240,6 +307,8 @@ def test_kb_walk_largest_allowed_world_builds():
     ("p_rare", float("inf"), r"p_rare must be in \[0, 1\)"),
     ("heldout_fraction", float("nan"), r"heldout_fraction must be in \(0, 1\)"),
     ("train_missing_fraction", "0.5", r"train_missing_fraction must be in \(0, 1\)"),
+    ("evaluation_fraction", 1.0, r"evaluation_fraction must be in \(0, 1\)"),
+    ("evaluation_fraction", float("nan"), r"evaluation_fraction must be in \(0, 1\)"),
     ("rare_counts", (1,), "rare_counts must be"),
     ("rare_counts", (1.0, 3), "rare_counts must be"),
 ])
