@@ -135,7 +135,8 @@ def test_sft_examples_with_their_passages_and_backspaces_state_no_evaluation_onl
         if stage.retrieved is not None:
             examples = [stage.retrieved.augment(task, ex, rng) for ex in examples]
             assert any(" . " in e.prompt for e in examples)  # passages were prepended
-        texts = example_texts(examples) + task.replay_documents(recipes.get("kb_walk-pretrain", scale).seed)
+        replayed = task.replay_documents(recipes.get("kb_walk-pretrain", scale).seed)
+        texts = example_texts(examples) + replayed
     assert hidden_in(task, texts) == set()
 
 
