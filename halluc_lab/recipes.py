@@ -52,8 +52,8 @@ from halluc_lab.reward_model import AgreeableAnnotator
 from halluc_lab.rlhf import PPO, PPOConfig, RewardModelPlan
 from halluc_lab.rlvr import RLVR, RLVRConfig
 from halluc_lab.sft import SFT, BackspaceConfig, RetrievedContext, ScheduledSampling
-from halluc_lab.tasks import (ArithmeticConfig, InContextConfig, KBWalkConfig, PathStarConfig, SycophancyConfig,
-                              TaskConfig, make_task)
+from halluc_lab.tasks import (ArithmeticConfig, DeadEndsConfig, InContextConfig, KBWalkConfig, PathStarConfig,
+                              SycophancyConfig, TaskConfig, make_task)
 from halluc_lab.train import TrainConfig
 
 __all__ = ["Recipe", "with_seed", "Stage", "Pretraining", "SFT", "ScheduledSampling", "DPO", "RSFT", "PPO",
@@ -284,6 +284,23 @@ for _scale, _icl, _icl_steps, _cot_documents, _sft_steps in (
         _plan, world=SycophancyConfig(_plan.world, p_stated=0.5, p_wrong=0.5),
         steps={"sft-clean": _sft_steps, "rlhf-agreeable": _PREFERENCE_STEPS[_scale]["ppo"],
                "rlhf": _PREFERENCE_STEPS[_scale]["ppo"], "rlvr": _PREFERENCE_STEPS[_scale]["rlvr"]})
+# Chapter 10's fair test (tasks.dead_ends): path-star graphs whose wrong first step meets a dead end k tokens
+# later (k = 1, 2, 4), or never (the control that behaves like kb_walk, answers as long as k = 2's). Each k has
+# a clean corpus and a retry corpus (half its documents walk a wrong arm to its leaf, <bksp> back to the centre,
+# then the gold path; Ye et al. 2024), token-matched, so the arms differ only in the retry data. Pre-training
+# steps are given, the same for both corpora of a k (token-matched corpora pack into different row counts), and
+# sized by a one-seed pilot of the clean models' teacher-forced look-up (book/results/rlvr.md).
+_DEAD_ENDS = {"smoke": dict(n_nodes=16, pretrain_tokens=200_000), "full": dict(n_nodes=20, pretrain_tokens=16_000_000)}
+_DEAD_ENDS_STEPS = {"smoke": 300, "full": 6000}
+for _scale in SCALES:
+    for _k, _world in (("k1", dict(reveal=1)), ("k2", dict(reveal=2)), ("k4", dict(reveal=4)),
+                       ("never", dict(reveal=None, steps=3))):
+        for _suffix, _retry in (("", 0.0), ("_retry", 0.5)):
+            if _world["reveal"] is None and _retry:
+                continue  # no dead end is ever written: nothing to take back
+            TASK_PLANS[f"dead_ends_{_k}{_suffix}", _scale] = TaskPlan(
+                DeadEndsConfig(degree=2, retry_fraction=_retry, **_world, **_DEAD_ENDS[_scale]),
+                SFT(n_examples=3000 if _scale == "smoke" else 50_000), {"pretrain": _DEAD_ENDS_STEPS[_scale]})
 TASKS = tuple(dict.fromkeys(task for task, _ in TASK_PLANS))
 # A stage exists for a task when the task's plan gives it steps (pre-training: one pass, always).
 _PARTS = {f"{task}-{stage}": (task, stage) for task in TASKS for stage in STAGES
