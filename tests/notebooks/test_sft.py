@@ -68,7 +68,7 @@ def test_verdicts_are_what_the_intervals_allow(glue):
         assert (" is lower than " in said) == (interval.high < 0), key
         assert ("not resolved" in said) == (interval.low <= 0 <= interval.high), key
         assert f"{interval:+.3f}; bootstrap, 1 seed" in said  # one seed: no t-interval, said so
-        # pre-registered: every backspace contrast, and scheduled sampling's mistakes after the first
+        # pre-registered: each backspace contrast, and scheduled sampling's mistakes after the first
         exploratory = v == "scheduled" and score != "after_first"
         assert said.startswith("(exploratory) ") == exploratory, key
 
