@@ -63,8 +63,21 @@ def test_intervals_contain_their_estimates_and_verdicts_follow_them(glue):
         est, low, high = glue[key]
         assert low <= est <= high
         said = glue[key + "_verdict"]
-        assert ("< SFT" in said) == (high < 0) and ("> SFT" in said) == (low > 0)
-        assert ("no difference" in said) == (low <= 0 <= high)
+        assert (" is lower than SFT in " in said) == (high < 0), key
+        assert (" is higher than SFT in " in said) == (low > 0), key
+        assert (" − SFT in " in said and "not resolved" in said) == (low <= 0 <= high), key
+    exploratory = [k for k in compared if glue[k + "_verdict"].startswith("(exploratory) ")]
+    assert len(compared) - len(exploratory) == 8  # the pre-registered contrasts against SFT
+
+
+def test_the_over_optimisation_contrast_has_an_interval_over_seeds_and_a_verdict(glue):
+    est, low, high = glue["pref_bon_fall"]
+    assert low <= est <= high
+    assert glue["pref_bon_fall_per_seed"] == pytest.approx([est])  # one seed on the CPU
+    said = glue["pref_bon_fall_verdict"]
+    assert said.startswith("best-of-16 ")
+    assert ("is lower than best-of-4" in said) == (high < 0)
+    assert ("not resolved" in said) == (low <= 0 <= high)
 
 
 def test_the_reference_policy_is_zero_nats_from_itself(glue):
