@@ -7,6 +7,8 @@ import math
 
 import pytest
 
+from tests.notebooks.test_verdicts import old_verdicts
+
 NOTEBOOK = "11_hallucination_rag"
 pytestmark = pytest.mark.notebook
 
@@ -127,3 +129,7 @@ def test_the_alignment_verdicts_follow_their_intervals(glue):
         assert (f"is higher than {b} in Hall" in said) == (low > 0), key
         assert (f"{a} − {b} in Hall" in said and "not resolved" in said) == (low <= 0 <= high), key
         assert glue[key + "_bootstrap"] == [est, low, high]  # one seed: the bootstrap is primary
+
+
+def test_no_glued_verdict_says_no_difference_resolved(glue):
+    assert not old_verdicts(glue)

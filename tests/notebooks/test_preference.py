@@ -5,6 +5,8 @@ import math
 
 import pytest
 
+from tests.notebooks.test_verdicts import old_verdicts
+
 NOTEBOOK = "09_preference"
 pytestmark = pytest.mark.notebook
 
@@ -130,3 +132,7 @@ def test_exercise_solutions_noisy_labels_leave_a_gap_of_log_odds(glue):
     for flip, (fitted, closed) in glue["pref_ex_noisy_gap"].items():
         assert fitted == pytest.approx(closed, abs=1e-6), flip
         assert closed > 0
+
+
+def test_no_glued_verdict_says_no_difference_resolved(glue):
+    assert not old_verdicts(glue)

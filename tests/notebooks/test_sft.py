@@ -4,6 +4,7 @@ comparison of the SFT variants over seeds on fixed sets of distinct held-out pro
 import pytest
 
 from halluc_lab import stats
+from tests.notebooks.test_verdicts import old_verdicts
 
 NOTEBOOK = "08_sft"
 pytestmark = pytest.mark.notebook
@@ -197,3 +198,7 @@ def test_exercise_solutions_a_smoothed_loss_bottoms_out_at_the_targets_entropy(g
     floor = glue["sft_ex_smoothing_floor"]
     assert floor["minimum"] == pytest.approx(floor["entropy"], abs=1e-9)
     assert floor["entropy"] > 0 and floor["max_p_minus_q"] < 1e-6
+
+
+def test_no_glued_verdict_says_no_difference_resolved(glue):
+    assert not old_verdicts(glue)
