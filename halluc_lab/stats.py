@@ -2,17 +2,26 @@
 
 Every chapter that compares arms (chapter 8's SFT variants, chapters 9–12's post-training
 methods) states a difference only where an interval excludes zero; the prose then uses
-:func:`verdict` instead of a sentence written in advance.
+:func:`said` instead of a sentence written in advance.
 
 - :func:`wilson` — the Wilson score interval for a rate k/n (Wilson, 1927): unlike the normal
   interval p ± z√(p(1−p)/n) it stays inside [0, 1] and is sensible at k = 0 or k = n.
+- :func:`t_difference` — the primary interval for a comparison of arms: a t-interval over the S
+  per-seed means of the paired differences, S − 1 degrees of freedom. A seed decides the whole
+  chain of a model, so the seeds are the independent units; the prompts only sharpen each seed's
+  mean. With the seed-level and prompt-level noise normal it covers at its level for any S ≥ 2
+  (``tests/unit/test_stats.py`` checks 3, 5 and 8 seeds by simulation). :func:`difference` is the
+  t-interval where S ≥ 2 and the bootstrap, labelled so, from one seed.
 - :func:`bootstrap_mean` and :func:`paired_difference` — percentile bootstrap intervals over the
   evaluation prompts and, when several training seeds ran, over the seeds too (a two-level
   bootstrap: resample seeds, then prompts). A comparison is *paired*: both arms answered the same
   prompts with models from the same seeds, so each resample draws the same prompts and seeds for
-  both, and the prompt-to-prompt variation common to both arms cancels.
-- :func:`verdict` — "A > B", "A < B" or "no difference resolved" from an interval; :func:`said`, the same as a
-  clause of prose with the interval beside it.
+  both, and the prompt-to-prompt variation common to both arms cancels. For a difference of arms
+  it is the secondary interval: resampling 3 seeds covers well below its level (0.81 for 0.95
+  in the simulation of the tests), as the few seeds' spread is taken for the population's.
+- :func:`said` — the one verdict of the book: "A is higher than B in …", "A is lower than B in …"
+  or "A − B in …: not resolved", the interval beside it, "(exploratory)" before a contrast the
+  chapter did not pre-register. :func:`verdict` is its terse form for a table cell.
 - :func:`reliability` — calibration (chapter 11): answers binned by the model's confidence, each bin's
   accuracy beside its mean confidence (the reliability diagram), and the expected calibration error
   ECE = Σ_b (n_b/N) |accuracy_b − confidence_b| (Guo et al., 2017) over equal-width bins.
@@ -29,19 +38,29 @@ from dataclasses import dataclass
 from statistics import NormalDist
 
 import numpy as np
+from scipy.stats import t as student_t
 
 CONFIDENCE = 0.95  # the default level of every interval in the book
 RESAMPLES = 10_000  # bootstrap resamples: the interval's ends move by well under 0.5% of its width
 
 
+class OneSeedError(ValueError):
+    """A t-interval over seeds was asked of one seed: there is no spread to estimate. Use the
+    bootstrap (:func:`paired_difference`) and say that the interval is over prompts only."""
+
+
 @dataclass(frozen=True)
 class Interval:
-    """An estimate with a two-sided confidence interval."""
+    """An estimate with a two-sided confidence interval; for a comparison over seeds, also how it
+    was made (``method``), how many seeds (``seeds``) and each seed's own value (``per_seed``)."""
 
     estimate: float  # the point estimate (a rate, a mean, a difference of means)
     low: float  # lower end of the interval
     high: float  # upper end of the interval
     confidence: float = CONFIDENCE  # the interval's level
+    method: str = ""  # "t" (over seeds), "bootstrap" (seeds and prompts), "" (other: Wilson…)
+    seeds: int | None = None  # S, the number of training seeds behind the estimate
+    per_seed: tuple[float, ...] | None = None  # the S per-seed values whose mean is the estimate
 
     @property
     def side(self) -> int:
@@ -61,7 +80,16 @@ class Interval:
         >>> format(Interval(0.0, -1.0, 1.0).map(math.exp), ".3f")
         '1.000 [0.368, 2.718]'
         """
-        return Interval(f(self.estimate), f(self.low), f(self.high), self.confidence)
+        per_seed = None if self.per_seed is None else tuple(f(x) for x in self.per_seed)
+        return Interval(f(self.estimate), f(self.low), f(self.high), self.confidence, self.method,
+                        self.seeds, per_seed)
+
+    @property
+    def how(self) -> str:
+        """How the interval was made, for a caption: "t, 8 seeds", "bootstrap, 1 seed" or ""."""
+        if self.seeds is None:
+            return self.method
+        return f"{self.method}, {self.seeds} seed{'s' * (self.seeds != 1)}".lstrip(", ")
 
     def __format__(self, spec: str) -> str:
         spec = spec or ".3f"
@@ -72,8 +100,16 @@ class Interval:
 
 
 def _check_confidence(confidence: float) -> None:
-    if not (isinstance(confidence, float) and 0.0 < confidence < 1.0):
+    if not (isinstance(confidence, (float, np.floating)) and 0.0 < confidence < 1.0):
         raise ValueError(f"confidence must be a float in (0, 1), got {confidence!r}")
+
+
+def _check_int(name: str, value, minimum: int | None = None) -> None:
+    """``value`` must be a Python or NumPy integer (not a bool), at least ``minimum`` if given."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an int, got {value!r}")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
 
 
 def wilson(successes: int, n: int, confidence: float = CONFIDENCE) -> Interval:
@@ -83,9 +119,8 @@ def wilson(successes: int, n: int, confidence: float = CONFIDENCE) -> Interval:
     '0.8000 [0.4902, 0.9433]'
     """
     _check_confidence(confidence)
-    for name, v in (("successes", successes), ("n", n)):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-            raise TypeError(f"{name} must be an int, got {v!r}")
+    _check_int("successes", successes)
+    _check_int("n", n)
     if n < 1 or not 0 <= successes <= n:
         raise ValueError(f"need n >= 1 and 0 <= successes <= n, got successes={successes}, n={n}")
     z = NormalDist().inv_cdf(0.5 + confidence / 2)
@@ -111,8 +146,8 @@ def _as_grid(x, name: str) -> np.ndarray:
 def _bootstrap(grid: np.ndarray, confidence: float, resamples: int, seed: int) -> Interval:
     """Percentile interval of the grid's mean under resampling seeds (rows) and prompts (columns)."""
     _check_confidence(confidence)
-    if not isinstance(resamples, int) or resamples < 100:
-        raise ValueError(f"resamples must be an int >= 100, got {resamples!r}")
+    _check_int("resamples", resamples, 100)
+    _check_int("seed", seed, 0)
     n_seeds, n_prompts = grid.shape
     rng = np.random.default_rng(seed)
     stats = np.empty(resamples)
@@ -125,7 +160,9 @@ def _bootstrap(grid: np.ndarray, confidence: float, resamples: int, seed: int) -
         stats[start:start + r] = np.take_along_axis(per_seed, seeds, axis=1).mean(1)
     tail = (1 - confidence) / 2
     low, high = np.quantile(stats, [tail, 1 - tail])
-    return Interval(float(grid.mean()), float(low), float(high), confidence)
+    per_seed = tuple(float(x) for x in grid.mean(1))
+    return Interval(float(grid.mean()), float(low), float(high), confidence, "bootstrap", n_seeds,
+                    per_seed)
 
 
 def bootstrap_mean(scores, *, confidence: float = CONFIDENCE, resamples: int = RESAMPLES,
@@ -138,45 +175,99 @@ def bootstrap_mean(scores, *, confidence: float = CONFIDENCE, resamples: int = R
     return _bootstrap(_as_grid(scores, "scores"), confidence, resamples, seed)
 
 
+def _paired(a, b) -> np.ndarray:
+    """a − b as a (seeds, prompts) grid, the two arms checked to be paired."""
+    ga, gb = _as_grid(a, "a"), _as_grid(b, "b")
+    if ga.shape != gb.shape:
+        raise ValueError(f"a and b must be paired (same seeds and prompts), got shapes {ga.shape} "
+                         f"and {gb.shape}")
+    return ga - gb
+
+
 def paired_difference(a, b, *, confidence: float = CONFIDENCE, resamples: int = RESAMPLES,
                       seed: int = 0) -> Interval:
     """mean(a) − mean(b) with a paired bootstrap interval over prompts (and seeds).
 
     ``a`` and ``b`` are the two arms' scores on the same prompts, in the same order, shape
     (prompts,) or (seeds, prompts) with seed s of both arms sharing what the seed decides.
+    The secondary interval of a comparison over seeds (see :func:`t_difference`).
     """
-    ga, gb = _as_grid(a, "a"), _as_grid(b, "b")
-    if ga.shape != gb.shape:
-        raise ValueError(f"a and b must be paired (same seeds and prompts), got shapes {ga.shape} and {gb.shape}")
-    return _bootstrap(ga - gb, confidence, resamples, seed)
+    return _bootstrap(_paired(a, b), confidence, resamples, seed)
+
+
+def t_difference(a, b, *, confidence: float = CONFIDENCE) -> Interval:
+    """mean(a) − mean(b) with a t-interval over the S per-seed means of the paired differences.
+
+    ``a`` and ``b``: (seeds, prompts) scores as for :func:`paired_difference`. Seed s's value is
+    d_s = mean over prompts of a[s] − b[s]; the interval is d̄ ± t_{S−1} · sd(d) / √S. Raises
+    :class:`OneSeedError` for one seed.
+
+    >>> a, b = [[1.0, 0.0], [1.0, 1.0], [1.0, 1.0]], [[0.0, 0.0], [0.0, 1.0], [0.0, 0.0]]
+    >>> iv = t_difference(a, b)
+    >>> format(iv, ".3f"), iv.how, iv.per_seed
+    ('0.667 [-0.050, 1.384]', 't, 3 seeds', (0.5, 0.5, 1.0))
+    """
+    _check_confidence(confidence)
+    d = _paired(a, b).mean(1)
+    n = d.size
+    if n < 2:
+        raise OneSeedError("a t-interval over seeds needs at least 2 seeds, got 1; use "
+                           "paired_difference (an interval over prompts only) and say so")
+    mean = float(d.mean())
+    half = float(student_t.ppf(0.5 + confidence / 2, n - 1) * d.std(ddof=1) / math.sqrt(n))
+    return Interval(mean, mean - half, mean + half, confidence, "t", n, tuple(float(x) for x in d))
+
+
+def difference(a, b, *, confidence: float = CONFIDENCE, resamples: int = RESAMPLES,
+               seed: int = 0) -> Interval:
+    """The primary interval of a comparison of arms: :func:`t_difference` from two seeds or more,
+    the bootstrap over prompts (``method`` "bootstrap", ``seeds`` 1) from one seed."""
+    if _paired(a, b).shape[0] == 1:
+        return paired_difference(a, b, confidence=confidence, resamples=resamples, seed=seed)
+    return t_difference(a, b, confidence=confidence)
 
 
 def verdict(difference: Interval, a: str = "A", b: str = "B") -> str:
-    """What an interval for mean(a) − mean(b) allows one to say: "a > b", "a < b" or that no
-    difference is resolved (the interval contains zero).
+    """The terse verdict for a table cell: "a > b", "a < b" or "a − b: not resolved" (the interval
+    contains zero). Prose uses :func:`said`.
 
     >>> verdict(Interval(0.05, 0.01, 0.09), "backspace", "clean")
     'backspace > clean'
+    >>> verdict(Interval(0.01, -0.02, 0.04), "backspace", "clean")
+    'backspace − clean: not resolved'
     """
     if difference.side:
         return f"{a} {'>' if difference.side > 0 else '<'} {b}"
-    return f"no difference between {a} and {b} resolved"
+    return f"{a} − {b}: not resolved"
 
 
-def said(difference: Interval, a: str, b: str, what: str, *, spec: str = "+.3f") -> str:
-    """A clause for the interval of ``what`` of ``a`` minus ``b`` that follows the numbers: which is higher where
-    the interval excludes zero, "no difference … is resolved" where it does not, the interval always beside it.
-    Prose a notebook builds from its results uses this (or :func:`verdict`) instead of a verdict written in advance.
-    ``spec``: the format of the estimate and the interval's ends.
+def said(difference: Interval, a: str, b: str, what: str, *, spec: str = "+.3f",
+         plural: bool = False, exploratory: bool = False) -> str:
+    """The verdict on ``what`` of ``a`` minus ``b`` as a clause that follows the numbers: "a is
+    higher than b in what" or "a is lower …" where the interval excludes zero, "a − b in what: not
+    resolved" where it does not; the interval always beside it, with how it was made ("t, 8 seeds")
+    when the interval says.
+
+    Every chapter's verdicts come from this one function. ``spec``: the format of the estimate and
+    the interval's ends. ``plural``: ``a`` names several things ("are higher"). ``exploratory``: the
+    contrast was not among the chapter's pre-registered ones; the clause begins "(exploratory)".
 
     >>> said(Interval(0.05, 0.01, 0.09), "backspace SFT", "clean SFT", "exact match")
-    'backspace SFT has a higher exact match than clean SFT (+0.050 [+0.010, +0.090])'
-    >>> said(Interval(-0.02, -0.06, 0.01), "backspace SFT", "clean SFT", "exact match")
-    'no difference in exact match between backspace SFT and clean SFT is resolved (-0.020 [-0.060, +0.010])'
+    'backspace SFT is higher than clean SFT in exact match (+0.050 [+0.010, +0.090])'
+    >>> iv = Interval(-0.02, -0.06, 0.01, method="t", seeds=8)
+    >>> said(iv, "DPO", "SFT", "wrong rate", exploratory=True)
+    '(exploratory) DPO − SFT in wrong rate: not resolved (-0.020 [-0.060, +0.010]; t, 8 seeds)'
     """
+    for name, v in (("a", a), ("b", b), ("what", what)):
+        if not isinstance(v, str) or not v.strip():
+            raise ValueError(f"{name} must be a non-empty string, got {v!r}")
+    numbers = f"{difference:{spec}}" + (f"; {difference.how}" if difference.how else "")
     if difference.side:
-        return f"{a} has a {'higher' if difference.side > 0 else 'lower'} {what} than {b} ({difference:{spec}})"
-    return f"no difference in {what} between {a} and {b} is resolved ({difference:{spec}})"
+        higher = "higher" if difference.side > 0 else "lower"
+        words = f"{a} {'are' if plural else 'is'} {higher} than {b} in {what}"
+    else:
+        words = f"{a} − {b} in {what}: not resolved"
+    return ("(exploratory) " if exploratory else "") + f"{words} ({numbers})"
 
 
 @dataclass(frozen=True)
@@ -212,8 +303,7 @@ def reliability(confidence, correct, bins: int = 10) -> Reliability:
         raise ValueError("confidence must lie in [0, 1] (a probability)")
     if not np.all((right == 0) | (right == 1)):
         raise ValueError("correct must hold booleans or 0/1")
-    if isinstance(bins, bool) or not isinstance(bins, int) or bins < 1:
-        raise ValueError(f"bins must be an int >= 1, got {bins!r}")
+    _check_int("bins", bins, 1)
     edges = np.linspace(0.0, 1.0, bins + 1)
     which = np.minimum(np.searchsorted(edges, conf, side="right") - 1, bins - 1)  # conf = 1 joins the last bin
     count = np.bincount(which, minlength=bins)

@@ -8,6 +8,8 @@ import math
 
 import pytest
 
+from tests.notebooks.test_verdicts import old_verdicts
+
 NOTEBOOK = "12_extensions"
 pytestmark = pytest.mark.notebook
 
@@ -239,3 +241,7 @@ def test_exercise_solutions_the_gold_working_keeps_its_invariant(glue):
     pad = glue["cot_ex_scratchpad"]
     assert pad["sums"] == sum(glue["cot_n_prompts"]) and pad["columns"] >= pad["sums"]
     assert pad["broken"] == 0
+
+
+def test_no_glued_verdict_says_no_difference_resolved(glue):
+    assert not old_verdicts(glue)

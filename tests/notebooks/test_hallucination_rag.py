@@ -7,6 +7,8 @@ import math
 
 import pytest
 
+from tests.notebooks.test_verdicts import old_verdicts
+
 NOTEBOOK = "11_hallucination_rag"
 pytestmark = pytest.mark.notebook
 
@@ -115,3 +117,19 @@ def test_abstention_by_confidence_covers_every_answer_once(glue):
         shares = glue[f"hall_abstain_by_sft_conf_{arm}"]
         assert len(shares) == len(counts)
         assert all((n == 0 and math.isnan(x)) or (n > 0 and 0.0 <= x <= 1.0) for x, n in zip(shares, counts))
+
+
+def test_the_alignment_verdicts_follow_their_intervals(glue):
+    for key, (a, b) in {"hall_dpo_minus_sft_hard": ("DPO", "SFT"),
+                        "hall_rlvr_minus_dpo_hard": ("RLVR", "DPO")}.items():
+        est, low, high = glue[key]
+        said = glue[key + "_verdict"]
+        assert said.startswith(f"{a} ")
+        assert (f"is lower than {b} in Hall" in said) == (high < 0), key
+        assert (f"is higher than {b} in Hall" in said) == (low > 0), key
+        assert (f"{a} − {b} in Hall" in said and "not resolved" in said) == (low <= 0 <= high), key
+        assert glue[key + "_bootstrap"] == [est, low, high]  # one seed: the bootstrap is primary
+
+
+def test_no_glued_verdict_says_no_difference_resolved(glue):
+    assert not old_verdicts(glue)

@@ -5,6 +5,8 @@ import math
 
 import pytest
 
+from tests.notebooks.test_verdicts import old_verdicts
+
 NOTEBOOK = "09_preference"
 pytestmark = pytest.mark.notebook
 
@@ -63,8 +65,21 @@ def test_intervals_contain_their_estimates_and_verdicts_follow_them(glue):
         est, low, high = glue[key]
         assert low <= est <= high
         said = glue[key + "_verdict"]
-        assert ("< SFT" in said) == (high < 0) and ("> SFT" in said) == (low > 0)
-        assert ("no difference" in said) == (low <= 0 <= high)
+        assert (" is lower than SFT in " in said) == (high < 0), key
+        assert (" is higher than SFT in " in said) == (low > 0), key
+        assert (" − SFT in " in said and "not resolved" in said) == (low <= 0 <= high), key
+    exploratory = [k for k in compared if glue[k + "_verdict"].startswith("(exploratory) ")]
+    assert len(compared) - len(exploratory) == 8  # the pre-registered contrasts against SFT
+
+
+def test_the_over_optimisation_contrast_has_an_interval_over_seeds_and_a_verdict(glue):
+    est, low, high = glue["pref_bon_fall"]
+    assert low <= est <= high
+    assert glue["pref_bon_fall_per_seed"] == pytest.approx([est])  # one seed on the CPU
+    said = glue["pref_bon_fall_verdict"]
+    assert said.startswith("best-of-16 ")
+    assert ("is lower than best-of-4" in said) == (high < 0)
+    assert ("not resolved" in said) == (low <= 0 <= high)
 
 
 def test_the_reference_policy_is_zero_nats_from_itself(glue):
@@ -117,3 +132,7 @@ def test_exercise_solutions_noisy_labels_leave_a_gap_of_log_odds(glue):
     for flip, (fitted, closed) in glue["pref_ex_noisy_gap"].items():
         assert fitted == pytest.approx(closed, abs=1e-6), flip
         assert closed > 0
+
+
+def test_no_glued_verdict_says_no_difference_resolved(glue):
+    assert not old_verdicts(glue)

@@ -7,6 +7,8 @@ import math
 
 import pytest
 
+from tests.notebooks.test_verdicts import old_verdicts
+
 NOTEBOOK = "10_rlvr_backtracking"
 pytestmark = pytest.mark.notebook
 
@@ -129,7 +131,11 @@ def test_intervals_contain_their_estimates_and_verdicts_follow_them(glue):
         elif high < 0:
             assert " < " in said, k
         else:
-            assert said.startswith("no difference"), k
+            assert said.endswith(": not resolved"), k
+
+
+def test_no_glued_verdict_uses_the_old_wording(glue):
+    assert not old_verdicts(glue)
 
 
 def test_the_exercises_solutions(glue):

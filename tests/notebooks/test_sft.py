@@ -4,6 +4,7 @@ comparison of the SFT variants over seeds on fixed sets of distinct held-out pro
 import pytest
 
 from halluc_lab import stats
+from tests.notebooks.test_verdicts import old_verdicts
 
 NOTEBOOK = "08_sft"
 pytestmark = pytest.mark.notebook
@@ -62,8 +63,22 @@ def test_intervals_contain_their_estimates(glue):
 def test_verdicts_are_what_the_intervals_allow(glue):
     for task, v, b, score in _compared(glue):
         assert v in VARIANTS and b in VARIANTS
-        interval = stats.Interval(*glue[f"sft_{task}_{v}_vs_{b}_{score}"])
-        assert glue[f"sft_{task}_{v}_vs_{b}_{score}_verdict"] == stats.verdict(interval, v, b)
+        key = f"sft_{task}_{v}_vs_{b}_{score}"
+        interval, said = stats.Interval(*glue[key]), glue[key + "_verdict"]
+        assert (" is higher than " in said) == (interval.low > 0), key
+        assert (" is lower than " in said) == (interval.high < 0), key
+        assert ("not resolved" in said) == (interval.low <= 0 <= interval.high), key
+        assert f"{interval:+.3f}; bootstrap, 1 seed" in said  # one seed: no t-interval, said so
+        # pre-registered: each backspace contrast, and scheduled sampling's mistakes after the first
+        exploratory = v == "scheduled" and score != "after_first"
+        assert said.startswith("(exploratory) ") == exploratory, key
+
+
+def test_one_seed_gives_the_bootstrap_as_the_primary_interval_and_its_seed_value(glue):
+    for task, v, b, score in _compared(glue):
+        key = f"sft_{task}_{v}_vs_{b}_{score}"
+        assert glue[key + "_bootstrap"] == glue[key]
+        assert glue[key + "_per_seed"] == pytest.approx([glue[key][0]])
 
 
 def test_the_headline_is_built_from_the_intervals(glue):
@@ -73,8 +88,8 @@ def test_the_headline_is_built_from_the_intervals(glue):
         assert "lowered exact match on every task" in glue["sft_headline"]
     else:
         assert "lowered exact match on every task" not in glue["sft_headline"]
-        for interval in (greedy, sampled):
-            assert stats.verdict(interval, "backspace", "clean") in glue["sft_headline"]
+        for score in ("em_greedy", "em_sample"):
+            assert glue[f"sft_kb_walk_backspace_vs_clean_{score}_verdict"] in glue["sft_headline"]
 
 
 def test_answers_are_correct_wrong_or_abstained(glue):
@@ -183,3 +198,7 @@ def test_exercise_solutions_a_smoothed_loss_bottoms_out_at_the_targets_entropy(g
     floor = glue["sft_ex_smoothing_floor"]
     assert floor["minimum"] == pytest.approx(floor["entropy"], abs=1e-9)
     assert floor["entropy"] > 0 and floor["max_p_minus_q"] < 1e-6
+
+
+def test_no_glued_verdict_says_no_difference_resolved(glue):
+    assert not old_verdicts(glue)
