@@ -125,6 +125,16 @@
     figure.appendChild(img);
   }
 
+  // A caption's `spans` are shown as code, as Markdown would show them; the rest stays text.
+  function showCaption(text) {
+    caption.textContent = "";
+    String(text).split("`").forEach(function (part, i) {
+      if (!part) return;
+      if (i % 2) { var code = document.createElement("code"); code.textContent = part; caption.appendChild(code); }
+      else caption.appendChild(document.createTextNode(part));
+    });
+  }
+
   var draw = {bars: bars, heatmap: heatmap, lines: lines, images: images}[D.kind];
   function update() {
     var k = 0;
@@ -133,7 +143,7 @@
       outputs[i].textContent = D.controls[i].labels[+inputs[i].value];
     }
     draw(D.frames[k]);
-    caption.textContent = D.captions ? D.captions[k] : "";
+    showCaption(D.captions ? D.captions[k] : "");
     root.setAttribute("data-frame", k);
   }
   for (var i = 0; i < inputs.length; i++) inputs[i].addEventListener("input", update);
