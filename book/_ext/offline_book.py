@@ -19,8 +19,9 @@ Two transforms of what the notebooks recorded:
 - a "Check the claim" table recorded before ``claims.ClaimTable`` rendered `code` as
   ``<code>`` shows it so too, not as backticks.
 
-The book's own page title stands alone in the browser's title bar ("Halluc Lab", not
-"Halluc Lab — Halluc Lab").
+The front page's title stands alone in the browser's title bar ("Halluc Lab", not
+"Halluc Lab — Halluc Lab"), and the theme's mode defaults to "auto" (unset, every page logs
+"Got invalid theme mode").
 """
 
 import re
@@ -62,10 +63,17 @@ def _clean_outputs(app, doctree):
             raw.rawsource = html
 
 
-def _title_alone_on_the_front_page(app, pagename, templatename, context, doctree):
-    title = re.sub(r"<[^>]+>", "", str(context.get("title", "")))
-    if title.strip() == app.config.project:
-        context["titlesuffix"] = ""
+def _page_context(app, pagename, templatename, context, doctree):
+    title = re.sub(r"<[^>]+>", "", str(context.get("title", ""))).strip()
+    book = str(context.get("docstitle") or "").strip()
+    if book and title == book:
+        # The front page's title is the book's: say it once. Sphinx's layout appends
+        # " — docstitle" whenever docstitle is set; the navbar shows the book's name from the logo text.
+        context["theme_logo"] = {**(context.get("theme_logo") or {}), "text": book}
+        context["docstitle"] = ""
+    # The theme's mode when the reader never chose one. The theme's template writes this
+    # context value into every page; left unset, every page logs "Got invalid theme mode".
+    context.setdefault("default_mode", "auto")
 
 
 def setup(app):
@@ -75,7 +83,7 @@ def setup(app):
                 app.disconnect(listener.id)
     app.connect("config-inited", _add_static_path)
     app.connect("doctree-read", _clean_outputs)
-    app.connect("html-page-context", _title_alone_on_the_front_page)
+    app.connect("html-page-context", _page_context)
     app.add_css_file("halluc_book.css")
     app.add_js_file("halluc_book.js", loading_method="defer")
     return {"parallel_read_safe": True, "parallel_write_safe": True}

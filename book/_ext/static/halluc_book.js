@@ -93,3 +93,33 @@
   window.addEventListener("resize", markAll);
   window.addEventListener("load", markAll);
 })();
+
+// Interactive figures recorded before halluc_lab/interactive.js showed a caption's `spans` as code
+// set the caption as plain text on every slider move: show those spans as code here too.
+(() => {
+  function codeSpans(caption) {
+    const text = caption.textContent;
+    if (caption.children.length || (text.match(/`/g) || []).length < 2) return;
+    caption.textContent = "";
+    text.split("`").forEach((part, i) => {
+      if (!part) return;
+      if (i % 2) {
+        const code = document.createElement("code");
+        code.textContent = part;
+        caption.append(code);
+      } else {
+        caption.append(document.createTextNode(part));
+      }
+    });
+  }
+
+  function watch() {
+    document.querySelectorAll(".hl-explorer .hl-caption").forEach((caption) => {
+      codeSpans(caption);
+      new MutationObserver(() => codeSpans(caption)).observe(caption, {childList: true});
+    });
+  }
+
+  if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", watch);
+  else watch();
+})();

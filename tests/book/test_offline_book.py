@@ -1,0 +1,30 @@
+"""The book's Sphinx extension, on small inputs (no build): what it takes out of the code cells
+and what it shows as code in recorded claim tables."""
+
+import importlib.util
+
+import pytest
+
+from tests.book.conftest import ROOT
+
+pytestmark = pytest.mark.book
+_spec = importlib.util.spec_from_file_location("offline_book", ROOT / "book" / "_ext" / "offline_book.py")
+offline_book = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(offline_book)
+
+
+def test_nbval_markers_leave_the_shown_code_and_nothing_else_does():
+    source = "# NBVAL_CHECK_OUTPUT\nt = ClaimTable('x')\n# a comment about NBVAL_CHECK_OUTPUT stays\nt"
+    assert offline_book.without_nbval_markers(source) == (
+        "t = ClaimTable('x')\n# a comment about NBVAL_CHECK_OUTPUT stays\nt")
+    assert offline_book.without_nbval_markers("x = 1\n# NBVAL_IGNORE_OUTPUT\ny") == "x = 1\ny"
+
+
+def test_backticks_in_a_recorded_claim_table_become_code_but_not_elsewhere():
+    table = ('<table class="claim-table"><tr><td>`tgt +=` adds</td>'
+             '<td>after `:` for 1 7 + 2 5 =</td><td>2 &gt; 4</td></tr></table>')
+    shown = offline_book.claim_table_code(table)
+    assert "<code>tgt +=</code> adds" in shown and "after <code>:</code> for" in shown
+    assert "`" not in shown
+    other = "<table><tr><td>`kept`</td></tr></table>"
+    assert offline_book.claim_table_code(other) == other
