@@ -28,3 +28,11 @@ def test_backticks_in_a_recorded_claim_table_become_code_but_not_elsewhere():
     assert "`" not in shown
     other = "<table><tr><td>`kept`</td></tr></table>"
     assert offline_book.claim_table_code(other) == other
+
+
+def test_the_library_drawing_code_becomes_a_function_of_the_explorer_id():
+    script = offline_book.explorer_drawing_script(offline_book.INTERACTIVE_JS.read_text())
+    assert script.count("window.hlDrawExplorer = function (rootId)") == 1
+    assert "__ROOT_ID__" not in script and "document.getElementById(rootId)" in script
+    with pytest.raises(ValueError, match="__ROOT_ID__"):
+        offline_book.explorer_drawing_script("(function () { var root = document.body; })();")

@@ -116,3 +116,14 @@ def test_chapter_3_figures_are_numbered_in_order_with_their_captions(opened):
     assert len(captions) == 5, captions
     assert [c.split(" ")[1].strip() for c in captions] == ["3.1", "3.2", "3.3", "3.4", "3.5"] or \
         [c.split(" ")[1].strip() for c in captions] == ["1", "2", "3", "4", "5"], captions
+
+
+def test_recorded_interactive_figures_are_drawn_for_a_phones_column(opened):
+    """Chapter 3's sampler was recorded with the drawing code of its run; the book draws it again
+    with the library's, for the column's width, so its 11 px text is not scaled down."""
+    page = opened("notebooks/03_sampling.html", "phone")
+    sampler = page.locator(".hl-explorer").first
+    drawn = sampler.locator("svg").evaluate("svg => +svg.getAttribute('width')")
+    column = sampler.locator(".hl-figure").evaluate("f => f.clientWidth")
+    assert drawn == max(300, column) < 640, (drawn, column)
+    assert sampler.locator("rect.hl-bar").count() == 12

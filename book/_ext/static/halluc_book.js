@@ -94,32 +94,22 @@
   window.addEventListener("load", markAll);
 })();
 
-// Interactive figures recorded before halluc_lab/interactive.js showed a caption's `spans` as code
-// set the caption as plain text on every slider move: show those spans as code here too.
+// Interactive figures are recorded in the notebooks with the drawing code of the day they ran. The
+// book draws them again with the library's current code (halluc_lab/interactive.js, served as
+// _static/hl_interactive.js by offline_book.py): drawn for the column's width, captions with code.
+// Each explorer is replaced by a copy of itself (a copy has none of the old code's listeners).
 (() => {
-  function codeSpans(caption) {
-    const text = caption.textContent;
-    if (caption.children.length || (text.match(/`/g) || []).length < 2) return;
-    caption.textContent = "";
-    text.split("`").forEach((part, i) => {
-      if (!part) return;
-      if (i % 2) {
-        const code = document.createElement("code");
-        code.textContent = part;
-        caption.append(code);
-      } else {
-        caption.append(document.createTextNode(part));
-      }
+  function redraw() {
+    if (typeof window.hlDrawExplorer !== "function") return;
+    document.querySelectorAll(".hl-explorer[data-ready]").forEach((old) => {
+      const fresh = old.cloneNode(true);
+      fresh.removeAttribute("data-ready");
+      fresh.querySelector(".hl-figure").replaceChildren();
+      old.replaceWith(fresh);
+      window.hlDrawExplorer(fresh.id);
     });
   }
 
-  function watch() {
-    document.querySelectorAll(".hl-explorer .hl-caption").forEach((caption) => {
-      codeSpans(caption);
-      new MutationObserver(() => codeSpans(caption)).observe(caption, {childList: true});
-    });
-  }
-
-  if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", watch);
-  else watch();
+  if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", redraw);
+  else redraw();
 })();
