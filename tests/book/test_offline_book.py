@@ -33,6 +33,20 @@ def test_backticks_in_a_recorded_claim_table_become_code_but_not_elsewhere():
 def test_the_library_drawing_code_becomes_a_function_of_the_explorer_id():
     script = offline_book.explorer_drawing_script(offline_book.INTERACTIVE_JS.read_text())
     assert script.count("window.hlDrawExplorer = function (rootId)") == 1
-    assert "__ROOT_ID__" not in script and "document.getElementById(rootId)" in script
+    assert '"__ROOT_ID__"' not in script and "document.getElementById(rootId)" in script
     with pytest.raises(ValueError, match="__ROOT_ID__"):
         offline_book.explorer_drawing_script("(function () { var root = document.body; })();")
+
+
+def test_a_pages_text_is_its_article_without_scripts_and_styles():
+    page = ('<html><head><title>t</title></head><body><nav>menu</nav>'
+            '<main><article role="main"><h1>Bradley–Terry</h1><p>a <b>pair</b><br>of answers</p>'
+            '<script>var x = 1;</script><style>p {}</style><img src="a.png"><p>ranked</p></article>'
+            '</main><footer>foot</footer></body></html>')
+    assert offline_book.page_text(page) == "Bradley–Terry a pair of answers ranked"
+
+
+def test_search_text_script_answers_for_pages_escaped_and_only_over_file_urls():
+    script = offline_book.search_text_script({"notebooks/09_preference": "Bradley <b> & Terry"})
+    assert "location.protocol !== 'file:'" in script
+    assert '"notebooks/09_preference.html": "<div role=\\"main\\">Bradley &lt;b&gt; &amp; Terry</div>"' in script
