@@ -37,10 +37,18 @@
     var a = Math.abs(v);
     return a !== 0 && (a < 0.01 || a >= 1e4) ? v.toExponential(1) : (+v.toFixed(2)).toString();
   }
+  // An axis label's "x^y" is drawn as x with y raised and smaller ("p^τ" as p to the τ), as in TeX.
+  function label(parent, attrs, text) {
+    var node = el("text", attrs, parent);
+    String(text).split(/\^([^\s^]+)/).forEach(function (part, i) {
+      if (part) el("tspan", i % 2 ? {"baseline-shift": "super", "font-size": "75%"} : {}, node, part);
+    });
+    return node;
+  }
   function axisLabels(s, w, h, m) {
-    if (S.xlabel) el("text", {x: m.l + (w - m.l - m.r) / 2, y: h - 4, "text-anchor": "middle"}, s, S.xlabel);
-    if (S.ylabel) el("text", {x: 12, y: m.t + (h - m.t - m.b) / 2, "text-anchor": "middle",
-                              transform: "rotate(-90 12 " + (m.t + (h - m.t - m.b) / 2) + ")"}, s, S.ylabel);
+    if (S.xlabel) label(s, {x: m.l + (w - m.l - m.r) / 2, y: h - 4, "text-anchor": "middle"}, S.xlabel);
+    if (S.ylabel) label(s, {x: 12, y: m.t + (h - m.t - m.b) / 2, "text-anchor": "middle",
+                            transform: "rotate(-90 12 " + (m.t + (h - m.t - m.b) / 2) + ")"}, S.ylabel);
   }
   function yTicks(s, m, w, h, lo, hi) {
     for (var i = 0; i <= 4; i++) {

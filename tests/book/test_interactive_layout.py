@@ -1,5 +1,6 @@
 """halluc_lab.interactive's figures as a browser draws them, outside the book: on a phone they are
-drawn for the column (no fixed 640 px), on a laptop as before, and a caption's `spans` show as code."""
+drawn for the column (no fixed 640 px), on a laptop as before, a caption's `spans` show as code,
+and an axis label's ``^`` raises what follows."""
 
 import pytest
 
@@ -15,7 +16,7 @@ def _explorers():
     heights = [[(i + 1) ** -t for i in range(len(WORDS))] for t in taus]
     bars = interactive.bar_explorer([interactive.Control("temperature", taus, initial=1)], WORDS, heights,
                                     captions=["`τ = 0.5`", "`τ = 1` — the model's own", "`τ = 2`"],
-                                    title="sampler", ylabel="probability")
+                                    title="sampler", ylabel="p^τ")
     x = list(range(20))
     lines = interactive.line_explorer([interactive.Control("scale", [1, 2])], x,
                                       [[[v * s for v in x], [v / s for v in x]] for s in (1, 2)],
@@ -57,3 +58,8 @@ def test_a_caption_shows_its_backticked_span_as_code(drawn):
     caption = drawn.locator(".hl-explorer .hl-caption").first
     assert caption.locator("code").inner_text() == "τ = 1"
     assert "`" not in caption.inner_text()
+
+
+def test_an_axis_labels_caret_raises_what_follows_as_in_tex(drawn):
+    ylabel = drawn.locator(".hl-explorer svg").first.locator("text").filter(has_text="τ").last
+    assert ylabel.inner_html() == ('<tspan>p</tspan><tspan baseline-shift="super" font-size="75%">τ</tspan>')
