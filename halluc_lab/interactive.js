@@ -69,7 +69,7 @@
       var on = !frame.on || frame.on[i];
       el("rect", {x: x + bw * 0.1, width: bw * 0.8, y: h - m.b - bh, height: bh,
                   fill: on ? PALETTE[0] : "#c7c7c7", "class": on ? "hl-bar hl-on" : "hl-bar"}, s);
-      if (n <= 24) el("text", {x: x + bw / 2, y: h - m.b - bh - 3, "text-anchor": "middle", "font-size": 9}, s, fmt(v));
+      if (n <= 24 && bw >= 30) el("text", {x: x + bw / 2, y: h - m.b - bh - 3, "text-anchor": "middle", "font-size": 9}, s, fmt(v));
       var tx = x + bw / 2, ty = h - m.b + 14;
       el("text", tilt ? {x: tx, y: ty, "text-anchor": "end", transform: "rotate(-45 " + tx + " " + ty + ")"}
                         : {x: tx, y: ty, "text-anchor": "middle"}, s, S.labels[i]);

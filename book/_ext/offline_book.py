@@ -81,14 +81,14 @@ def _write_explorer_script(app, exception):
 
 
 class _ArticleText(html.parser.HTMLParser):
-    """The words of a built page's article (``role="main"``), without scripts and styles."""
+    """The words of a built page's ``<article>``, without scripts and styles."""
 
     def __init__(self):
         super().__init__()
         self.depth, self.skip, self.words = 0, 0, []
 
     def handle_starttag(self, tag, attrs):
-        if self.depth or dict(attrs).get("role") == "main":
+        if self.depth or tag == "article":  # the theme's article: no header, buttons or contents
             self.depth += tag not in ("br", "img", "input", "hr", "meta", "link", "wbr", "col")
         self.skip += self.depth > 0 and tag in ("script", "style")
 

@@ -40,7 +40,7 @@ def test_the_library_drawing_code_becomes_a_function_of_the_explorer_id():
 
 def test_a_pages_text_is_its_article_without_scripts_and_styles():
     page = ('<html><head><title>t</title></head><body><nav>menu</nav>'
-            '<main><article role="main"><h1>Bradley–Terry</h1><p>a <b>pair</b><br>of answers</p>'
+            '<main role="main"><div class="header">.ipynb .pdf</div><article class="bd-article"><h1>Bradley–Terry</h1><p>a <b>pair</b><br>of answers</p>'
             '<script>var x = 1;</script><style>p {}</style><img src="a.png"><p>ranked</p></article>'
             '</main><footer>foot</footer></body></html>')
     assert offline_book.page_text(page) == "Bradley–Terry a pair of answers ranked"
