@@ -121,7 +121,8 @@ class ClaimTable:
         mark = {"✓": '<td style="color:#1a7f37">✓</td>', "✗": '<td style="color:#cf222e;font-weight:bold">✗</td>'}
         body = "".join(
             f'<tr class="{"claim-ok" if ok == "✓" else "claim-bad"}">'
-            + "".join(f"<td>{_cell(cell)}</td>" for cell in (q, s, c)) + mark[ok] + f"<td>{_cell(n)}</td></tr>"
+            + "".join(f"<td>{_cell(cell)}</td>" for cell in (q, s, c)) + mark[ok]
+            + f"<td>{_cell(n)}</td></tr>"
             for q, s, c, ok, n in self._rows())
         summary = f"{len(self.claims) - self.n_disagreements} of {len(self.claims)} agree"
         return (f'<table class="claim-table"><caption>{_cell(self.title)} — {summary}</caption>'

@@ -37,18 +37,20 @@
     var a = Math.abs(v);
     return a !== 0 && (a < 0.01 || a >= 1e4) ? v.toExponential(1) : (+v.toFixed(2)).toString();
   }
-  // An axis label's "x^y" is drawn as x with y raised and smaller ("p^τ" as p to the τ), as in TeX.
+  // An axis label's "x^y" is drawn as x with y raised and smaller ("p^τ": p to the τ), as in TeX.
   function label(parent, attrs, text) {
     var node = el("text", attrs, parent);
     String(text).split(/\^([^\s^]+)/).forEach(function (part, i) {
-      if (part) el("tspan", i % 2 ? {"baseline-shift": "super", "font-size": "75%"} : {}, node, part);
+      var raised = {"baseline-shift": "super", "font-size": "75%"};
+      if (part) el("tspan", i % 2 ? raised : {}, node, part);
     });
     return node;
   }
   function axisLabels(s, w, h, m) {
-    if (S.xlabel) label(s, {x: m.l + (w - m.l - m.r) / 2, y: h - 4, "text-anchor": "middle"}, S.xlabel);
-    if (S.ylabel) label(s, {x: 12, y: m.t + (h - m.t - m.b) / 2, "text-anchor": "middle",
-                            transform: "rotate(-90 12 " + (m.t + (h - m.t - m.b) / 2) + ")"}, S.ylabel);
+    var midX = m.l + (w - m.l - m.r) / 2, midY = m.t + (h - m.t - m.b) / 2;
+    if (S.xlabel) label(s, {x: midX, y: h - 4, "text-anchor": "middle"}, S.xlabel);
+    if (S.ylabel) label(s, {x: 12, y: midY, "text-anchor": "middle",
+                            transform: "rotate(-90 12 " + midY + ")"}, S.ylabel);
   }
   function yTicks(s, m, w, h, lo, hi) {
     for (var i = 0; i <= 4; i++) {
@@ -69,10 +71,13 @@
       var on = !frame.on || frame.on[i];
       el("rect", {x: x + bw * 0.1, width: bw * 0.8, y: h - m.b - bh, height: bh,
                   fill: on ? PALETTE[0] : "#c7c7c7", "class": on ? "hl-bar hl-on" : "hl-bar"}, s);
-      if (n <= 24 && bw >= 30) el("text", {x: x + bw / 2, y: h - m.b - bh - 3, "text-anchor": "middle", "font-size": 9}, s, fmt(v));
+      if (n <= 24 && bw >= 30)  // a value only where the bar is wide enough to hold it
+        el("text", {x: x + bw / 2, y: h - m.b - bh - 3, "text-anchor": "middle", "font-size": 9}, s,
+           fmt(v));
       var tx = x + bw / 2, ty = h - m.b + 14;
-      el("text", tilt ? {x: tx, y: ty, "text-anchor": "end", transform: "rotate(-45 " + tx + " " + ty + ")"}
-                        : {x: tx, y: ty, "text-anchor": "middle"}, s, S.labels[i]);
+      var turned = {x: tx, y: ty, "text-anchor": "end",
+                    transform: "rotate(-45 " + tx + " " + ty + ")"};
+      el("text", tilt ? turned : {x: tx, y: ty, "text-anchor": "middle"}, s, S.labels[i]);
     }
     axisLabels(s, w, h, m);
   }
@@ -138,8 +143,13 @@
     caption.textContent = "";
     String(text).split("`").forEach(function (part, i) {
       if (!part) return;
-      if (i % 2) { var code = document.createElement("code"); code.textContent = part; caption.appendChild(code); }
-      else caption.appendChild(document.createTextNode(part));
+      if (i % 2) {
+        var code = document.createElement("code");
+        code.textContent = part;
+        caption.appendChild(code);
+      } else {
+        caption.appendChild(document.createTextNode(part));
+      }
     });
   }
 

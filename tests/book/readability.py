@@ -193,7 +193,7 @@ def check_figure_text(page) -> list[str]:
             for f in figures(page) if f.text_px < MIN_TEXT_PX]
 
 
-# --- What a phone's reader meets, and what every reader meets (checked at 390 px and at 1280 px) ---
+# --- What a phone's reader meets, and what every reader meets (at 390 px and at 1280 px) ---
 
 PHONE = {"width": 390, "height": 844}  # CSS pixels: a current phone held upright
 
@@ -215,7 +215,8 @@ def check_page_scroll(page) -> list[str]:
       if (getComputedStyle(box).overflowX !== 'visible') { clipped = true; break; }
     }
     if (!clipped) out.push({tag: el.tagName.toLowerCase(), cls: el.className.toString(),
-                            right: Math.round(r.right), text: (el.textContent || '').slice(0, 120)});
+                            right: Math.round(r.right),
+                            text: (el.textContent || '').slice(0, 120)});
   }
   return {width: doc.scrollWidth, view, out: out.slice(-5)};
 })()""")
@@ -243,13 +244,15 @@ _EXPLORERS = """
   article.querySelectorAll('.hl-explorer').forEach((ex, i) => {
     const box = ex.getBoundingClientRect();
     const title = (ex.querySelector('.hl-title') || ex).textContent.slice(0, 60);
-    if (box.right > column.right + 1) found.push(`explorer ${i} (${title}) ends at ${Math.round(box.right)} px, ` +
-                                                 `past the column's ${Math.round(column.right)} px`);
+    const name = `explorer ${i} (${title})`;
+    if (box.right > column.right + 1)
+      found.push(`${name} ends at ${Math.round(box.right)} px, ` +
+                 `past the column's ${Math.round(column.right)} px`);
     ex.querySelectorAll('svg, img').forEach(fig => {
       const r = fig.getBoundingClientRect();
       if (r.right > box.right + 1 || r.left < box.left - 1)
-        found.push(`explorer ${i} (${title}): its ${fig.tagName.toLowerCase()} is ${Math.round(r.width)} px wide ` +
-                   `in a ${Math.round(box.width)} px explorer`);
+        found.push(`${name}: its ${fig.tagName.toLowerCase()} is ${Math.round(r.width)} px ` +
+                   `wide in a ${Math.round(box.width)} px explorer`);
     });
   });
   return found;
@@ -269,7 +272,7 @@ _IMAGES = """
   caption: (() => { const f = img.closest('figure'); const c = f && f.querySelector('figcaption');
                     return c ? c.textContent.trim() : null; })()})))()
 """ % _ARTICLE
-# An alt text that is a file name or path, not a description: no space, and a slash or an image suffix.
+# An alt text that is a file name or path, not a description: no space; a slash or an image suffix.
 _PATH_LIKE = r"^\S*(/|\.(png|jpe?g|gif|svg|webp)$)\S*$"
 
 
@@ -278,7 +281,7 @@ def _short(src: str) -> str:
 
 
 def check_image_alt(page) -> list[str]:
-    """Images whose alt text is missing, empty, or a file path rather than words saying what they show."""
+    """Images whose alt text is missing, empty, or a file path, not words saying what they show."""
     import re
 
     out = []
@@ -301,7 +304,8 @@ def check_figure_captions(page) -> list[str]:
         if img["caption"] is None:
             out.append(f"figure {_short(img['src'])} has no caption")
         elif not re.match(r"^Fig(ure|\.)\s*\d+", img["caption"]):
-            out.append(f"figure {_short(img['src'])} has an unnumbered caption: {img['caption'][:60]!r}")
+            out.append(f"figure {_short(img['src'])} has an unnumbered caption: "
+                       f"{img['caption'][:60]!r}")
     return out
 
 

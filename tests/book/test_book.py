@@ -135,9 +135,10 @@ def test_search_of_the_book_opened_from_its_files_shows_snippets(book, browser):
     page = browser.new_page()
     try:
         page.goto((book.html / "search.html").as_uri() + "?q=Bradley", wait_until="load")
-        page.wait_for_function("() => document.querySelectorAll('#search-results li p.context').length > 0",
-                               timeout=30_000)
-        hit = page.locator("#search-results li").filter(has=page.locator("a[href*='09_preference']")).first
+        snippets = "() => document.querySelectorAll('#search-results li p.context').length > 0"
+        page.wait_for_function(snippets, timeout=30_000)
+        chapter_9 = page.locator("a[href*='09_preference']")
+        hit = page.locator("#search-results li").filter(has=chapter_9).first
         assert "Reward models, RLHF, DPO and RSFT" in hit.locator("p.context").inner_text()
     finally:
         page.close()

@@ -14,7 +14,8 @@ WORDS = ["the", "a", "dog", "cat", "chased", "saw", "ball", "car", "and", "then"
 def _explorers():
     taus = [0.5, 1.0, 2.0]
     heights = [[(i + 1) ** -t for i in range(len(WORDS))] for t in taus]
-    bars = interactive.bar_explorer([interactive.Control("temperature", taus, initial=1)], WORDS, heights,
+    temperature = interactive.Control("temperature", taus, initial=1)
+    bars = interactive.bar_explorer([temperature], WORDS, heights,
                                     captions=["`τ = 0.5`", "`τ = 1` — the model's own", "`τ = 2`"],
                                     title="sampler", ylabel="p^τ")
     x = list(range(20))
@@ -33,8 +34,8 @@ def drawn(browser, request):
     viewport = readability.PHONE if request.param == "phone" else {"width": 1280, "height": 720}
     context = browser.new_context(viewport=viewport)
     page = context.new_page()
-    page.set_content(f"<main><article class='bd-article' style='padding:0 16px'>{_explorers()}</article></main>",
-                     wait_until="load")
+    article = f"<article class='bd-article' style='padding:0 16px'>{_explorers()}</article>"
+    page.set_content(f"<main>{article}</main>", wait_until="load")
     page.viewport = request.param
     yield page
     context.close()
@@ -46,10 +47,11 @@ def test_every_kind_of_interactive_figure_fits_its_column(drawn):
 
 
 def test_charts_are_drawn_for_the_column_so_their_text_keeps_its_size(drawn):
-    widths = drawn.locator(".hl-explorer svg").evaluate_all("els => els.map(e => +e.getAttribute('width'))")
+    widths = drawn.locator(".hl-explorer svg").evaluate_all(
+        "els => els.map(e => +e.getAttribute('width'))")
     column = drawn.evaluate("() => document.querySelector('.hl-figure').clientWidth")
     if drawn.viewport == "phone":
-        assert widths[:2] == [column, column], (widths, column)  # bars and lines: the column's width
+        assert widths[:2] == [column, column], (widths, column)  # bars, lines: the column's width
     else:
         assert widths[:2] == [640, 640]  # as wide as before on a laptop
 
@@ -62,4 +64,5 @@ def test_a_caption_shows_its_backticked_span_as_code(drawn):
 
 def test_an_axis_labels_caret_raises_what_follows_as_in_tex(drawn):
     ylabel = drawn.locator(".hl-explorer svg").first.locator("text").filter(has_text="τ").last
-    assert ylabel.inner_html() == ('<tspan>p</tspan><tspan baseline-shift="super" font-size="75%">τ</tspan>')
+    assert ylabel.inner_html() == (
+        '<tspan>p</tspan><tspan baseline-shift="super" font-size="75%">τ</tspan>')

@@ -8,13 +8,15 @@ import pytest
 from tests.book.conftest import ROOT
 
 pytestmark = pytest.mark.book
-_spec = importlib.util.spec_from_file_location("offline_book", ROOT / "book" / "_ext" / "offline_book.py")
+_spec = importlib.util.spec_from_file_location("offline_book",
+                                               ROOT / "book" / "_ext" / "offline_book.py")
 offline_book = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(offline_book)
 
 
 def test_nbval_markers_leave_the_shown_code_and_nothing_else_does():
-    source = "# NBVAL_CHECK_OUTPUT\nt = ClaimTable('x')\n# a comment about NBVAL_CHECK_OUTPUT stays\nt"
+    source = ("# NBVAL_CHECK_OUTPUT\nt = ClaimTable('x')\n"
+              "# a comment about NBVAL_CHECK_OUTPUT stays\nt")
     assert offline_book.without_nbval_markers(source) == (
         "t = ClaimTable('x')\n# a comment about NBVAL_CHECK_OUTPUT stays\nt")
     assert offline_book.without_nbval_markers("x = 1\n# NBVAL_IGNORE_OUTPUT\ny") == "x = 1\ny"
@@ -40,7 +42,8 @@ def test_the_library_drawing_code_becomes_a_function_of_the_explorer_id():
 
 def test_a_pages_text_is_its_article_without_scripts_and_styles():
     page = ('<html><head><title>t</title></head><body><nav>menu</nav>'
-            '<main role="main"><div class="header">.ipynb .pdf</div><article class="bd-article"><h1>Bradley–Terry</h1><p>a <b>pair</b><br>of answers</p>'
+            '<main role="main"><div class="header">.ipynb .pdf</div>'
+            '<article class="bd-article"><h1>Bradley–Terry</h1><p>a <b>pair</b><br>of answers</p>'
             '<script>var x = 1;</script><style>p {}</style><img src="a.png"><p>ranked</p></article>'
             '</main><footer>foot</footer></body></html>')
     assert offline_book.page_text(page) == "Bradley–Terry a pair of answers ranked"
@@ -49,4 +52,5 @@ def test_a_pages_text_is_its_article_without_scripts_and_styles():
 def test_search_text_script_answers_for_pages_escaped_and_only_over_file_urls():
     script = offline_book.search_text_script({"notebooks/09_preference": "Bradley <b> & Terry"})
     assert "location.protocol !== 'file:'" in script
-    assert '"notebooks/09_preference.html": "<div role=\\"main\\">Bradley &lt;b&gt; &amp; Terry</div>"' in script
+    page = '<div role=\\"main\\">Bradley &lt;b&gt; &amp; Terry</div>'
+    assert f'"notebooks/09_preference.html": "{page}"' in script

@@ -41,13 +41,15 @@ def opened(browser, server):
     def open_(path, width):
         if width not in contexts:
             contexts[width] = browser.new_context(viewport=WIDTHS[width])
-            contexts[width].route("**/*", lambda route: route.continue_() if route.request.url.startswith(
-                (server, "data:", "blob:", "about:")) else route.abort())
+            local = (server, "data:", "blob:", "about:")
+            contexts[width].route("**/*", lambda route: route.continue_()
+                                  if route.request.url.startswith(local) else route.abort())
         if (path, width) not in pages:
             page = contexts[width].new_page()
             page.console_seen = readability.watch_console(page)
             response = page.goto(f"{server}/{path}", wait_until="load")
-            assert response is not None and response.ok, f"{path}: HTTP {response and response.status}"
+            assert response is not None and response.ok, \
+                f"{path}: HTTP {response and response.status}"
             readability.wait_for_math(page)
             pages[path, width] = page
         return pages[path, width]
@@ -73,7 +75,8 @@ CHECKS = [
 ]
 
 
-@pytest.mark.parametrize("meaning, width, check", CHECKS, ids=[c[0].replace(" ", "-") for c in CHECKS])
+@pytest.mark.parametrize("meaning, width, check", CHECKS,
+                         ids=[c[0].replace(" ", "-") for c in CHECKS])
 @pytest.mark.parametrize("path", PAGES)
 def test_page_reads_right_on_a_phone_and_a_laptop(opened, path, meaning, width, check):
     offences = check(opened(path, width))
@@ -85,7 +88,7 @@ def test_every_image_says_what_it_shows_and_every_figure_is_numbered(opened, pat
     page = opened(path, "laptop")
     offences = readability.check_image_alt(page) + readability.check_figure_captions(page)
     if path in NOT_YET_CAPTIONED:
-        assert offences, f"{path} now has alt text and numbered captions: take it off NOT_YET_CAPTIONED"
+        assert offences, f"{path} has alt text and numbered captions: take it off NOT_YET_CAPTIONED"
         print(f"allowed until its figures are captioned: {len(offences)} offences on {path}")
         return
     allowed = UNCAPTIONED_FIGURES.get(path, 0)

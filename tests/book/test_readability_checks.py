@@ -103,27 +103,33 @@ def test_png_without_phys_is_read_at_72_dpi(hand_made):
 # --- and the console: each one flags a hand-made page built to break it, and passes its clean twin.
 
 EXPLORER = ("<div class='hl-explorer' style='max-width:{max}'><div class='hl-title'>sampler</div>"
-            "<div class='hl-figure'><svg width='640' height='300' viewBox='0 0 640 300' style='{svg}'>"
+            "<div class='hl-figure'>"
+            "<svg width='640' height='300' viewBox='0 0 640 300' style='{svg}'>"
             "<rect width='640' height='300'/></svg></div></div>")
+LONG_NAME = "halluc_lab.rlvr_rounds.CapturedUpdate.from_padded_rows_of_every_rank"
+FIGURE = "<div class='cell_output'><figure><img src='{src}' alt='{alt}'>{caption}</figure></div>"
+IMAGE = "<div class='cell_output'><img src='{src}'{alt}></div>"
+WIDE_CELL = "<td style='white-space:nowrap'>" + "a wide cell " * 20 + "</td>"
 
 PHONE_BROKEN = f"""<main><article class="bd-article">
-<p>A long name: <code style="white-space:nowrap">halluc_lab.rlvr_rounds.CapturedUpdate.from_padded_rows_of_every_rank</code></p>
+<p>A long name: <code style="white-space:nowrap">{LONG_NAME}</code></p>
 <p>Taken back: burig ~~gus_of~~ ⌫ dis_of, and the answer after `:` is read.</p>
 {EXPLORER.format(max='680px', svg='')}
-<div class="cell_output"><img src="{png(200, 100)}" alt="../_build/jupyter_execute/3f2a.png"></div>
-<div class="cell_output"><img src="{png(200, 100)}"></div>
-<div class="cell_output"><figure><img src="{png(200, 100)}" alt="a curve"><figcaption>a curve</figcaption></figure></div>
+{IMAGE.format(src=png(200, 100), alt=" alt='../_build/jupyter_execute/3f2a.png'")}
+{IMAGE.format(src=png(200, 100), alt="")}
+{FIGURE.format(src=png(200, 100), alt="a curve", caption="<figcaption>a curve</figcaption>")}
 </article></main>
 <script>console.error("Got invalid theme mode: . Resetting to auto.")</script>"""
 
 PHONE_CLEAN = f"""<main><article class="bd-article">
-<p>A long name: <code style="overflow-wrap:anywhere">halluc_lab.rlvr_rounds.CapturedUpdate.from_padded_rows_of_every_rank</code></p>
+<p>A long name: <code style="overflow-wrap:anywhere">{LONG_NAME}</code></p>
 <p>Taken back: burig <s>gus_of</s> ⌫ dis_of, and the answer after <code>:</code> is read;
 <code>~~x~~</code> is how Markdown strikes it through.</p>
-<div style="overflow-x:auto"><table><tr><td style="white-space:nowrap">{'a wide cell ' * 20}</td></tr></table></div>
+<div style="overflow-x:auto"><table><tr>{WIDE_CELL}</tr></table></div>
 {EXPLORER.format(max='min(680px,100%)', svg='max-width:100%;height:auto')}
-<div class="cell_output"><figure><img src="{png(200, 100)}" alt="Temperature against probability: cat falls to one third.">
-<figcaption><span class="caption-number">Fig. 3 </span>Temperature reshapes a distribution.</figcaption></figure></div>
+{FIGURE.format(src=png(200, 100), alt="Temperature against probability: cat falls to one third.",
+               caption="<figcaption><span class='caption-number'>Fig. 3 </span>"
+                       "Temperature reshapes a distribution.</figcaption>")}
 </article></main>
 <script>console.log("[PST]: Changed to auto mode using the light theme.")</script>"""
 
@@ -172,7 +178,8 @@ def test_image_without_alt_text_or_with_a_path_for_it_is_flagged(phone):
 def test_figure_without_a_numbered_caption_is_flagged(phone):
     offences = readability.check_figure_captions(phone["broken"])
     assert len(offences) == 3, offences
-    assert [o.split(" has ")[1][:14] for o in offences] == ["no caption", "no caption", "an unnumbered "]
+    kinds = [o.split(" has ")[1][:14] for o in offences]
+    assert kinds == ["no caption", "no caption", "an unnumbered "]
     assert readability.check_figure_captions(phone["clean"]) == []
 
 

@@ -54,4 +54,4 @@ def test_backticked_spans_render_as_code_in_the_html_table():
     page = t._repr_html_()
     assert "`" not in page
     assert "<code>tgt +=</code>" in page and "<code>:</code>" in page
-    assert "<code>nn.Transformer</code> &amp; &lt;masks&gt;" in page  # still escaped around the code
+    assert "<code>nn.Transformer</code> &amp; &lt;masks&gt;" in page  # the rest still escaped

@@ -65,7 +65,8 @@
   }
 
   function mark(img) {
-    const zoomable = img.complete && img.naturalWidth > 1.15 * img.clientWidth && img.clientWidth > 0;
+    const shown = img.clientWidth;
+    const zoomable = img.complete && shown > 0 && img.naturalWidth > 1.15 * shown;
     img.classList.toggle("hl-zoomable", zoomable);
     if (zoomable) {
       img.tabIndex = 0;
