@@ -142,3 +142,17 @@ def test_search_of_the_book_opened_from_its_files_shows_snippets(book, browser):
         assert "Reward models, RLHF, DPO and RSFT" in hit.locator("p.context").inner_text()
     finally:
         page.close()
+
+
+def test_the_front_pages_chapter_table_links_every_chapter_by_its_own_title(open_page):
+    """The browser's title bar names the book once, and the table of chapters links each chapter
+    with the title the chapter's page gives itself."""
+    page = open_page("book/intro.html")
+    assert page.title() == "Halluc Lab"
+    links = page.locator("article table a.reference").evaluate_all(
+        "els => els.map(a => [a.getAttribute('href'), a.textContent.trim()])")
+    chapters = [p for p in PAGES if p.startswith("notebooks/")]
+    assert [href.split("#")[0] for href, _ in links] == [f"../{p}" for p in chapters]
+    for (href, text), path in zip(links, chapters):
+        chapter = open_page(path)
+        assert text == chapter.locator("article h1").first.inner_text().strip("#¶ \n"), path
