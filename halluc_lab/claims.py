@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import html
 import math
+import re
 from dataclasses import dataclass
 from numbers import Real
 
@@ -45,6 +46,15 @@ def _fmt(value: object, digits: int) -> str:
     if isinstance(value, (list, tuple)):
         return "(" + ", ".join(_fmt(v, digits) for v in value) + ")"
     return str(value)
+
+
+_CODE = re.compile(r"`([^`]+)`")  # a `span` in a quantity, value or note: code, as in Markdown
+
+
+def _cell(text: str) -> str:
+    """A cell's text as HTML: escaped, and each `span` shown as code (the table is HTML, where
+    Markdown's backticks would print as they are)."""
+    return _CODE.sub(r"<code>\1</code>", html.escape(text))
 
 
 class ClaimTable:
@@ -107,15 +117,15 @@ class ClaimTable:
         return "\n".join(lines)
 
     def _repr_html_(self) -> str:
-        esc = html.escape
         head = "".join(f"<th>{h}</th>" for h in ("quantity", "document", "computed", "agrees", "note"))
         mark = {"✓": '<td style="color:#1a7f37">✓</td>', "✗": '<td style="color:#cf222e;font-weight:bold">✗</td>'}
         body = "".join(
             f'<tr class="{"claim-ok" if ok == "✓" else "claim-bad"}">'
-            + "".join(f"<td>{esc(cell)}</td>" for cell in (q, s, c)) + mark[ok] + f"<td>{esc(n)}</td></tr>"
+            + "".join(f"<td>{_cell(cell)}</td>" for cell in (q, s, c)) + mark[ok]
+            + f"<td>{_cell(n)}</td></tr>"
             for q, s, c, ok, n in self._rows())
         summary = f"{len(self.claims) - self.n_disagreements} of {len(self.claims)} agree"
-        return (f'<table class="claim-table"><caption>{esc(self.title)} — {summary}</caption>'
+        return (f'<table class="claim-table"><caption>{_cell(self.title)} — {summary}</caption>'
                 f"<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>")
 
 

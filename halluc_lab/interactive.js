@@ -20,9 +20,16 @@
     if (parent) parent.appendChild(node);
     return node;
   }
+  // Charts are drawn for the column's width (at most 640 px, at least 300 px), so their text stays
+  // 11 px on a phone; the SVG also scales down with its viewBox if the column is narrower still.
+  function width() {
+    var w = figure.clientWidth || root.clientWidth || 640;
+    return Math.max(300, Math.min(640, Math.floor(w)));
+  }
   function svg(w, h) {
     figure.innerHTML = "";
     return el("svg", {width: w, height: h, viewBox: "0 0 " + w + " " + h, role: "img",
+                      "aria-label": D.title || D.kind, style: "max-width:100%;height:auto",
                       "font-size": 11, fill: "currentColor"}, figure);
   }
   function fmt(v) {
@@ -30,10 +37,20 @@
     var a = Math.abs(v);
     return a !== 0 && (a < 0.01 || a >= 1e4) ? v.toExponential(1) : (+v.toFixed(2)).toString();
   }
+  // An axis label's "x^y" is drawn as x with y raised and smaller ("p^τ": p to the τ), as in TeX.
+  function label(parent, attrs, text) {
+    var node = el("text", attrs, parent);
+    String(text).split(/\^([^\s^]+)/).forEach(function (part, i) {
+      var raised = {"baseline-shift": "super", "font-size": "75%"};
+      if (part) el("tspan", i % 2 ? raised : {}, node, part);
+    });
+    return node;
+  }
   function axisLabels(s, w, h, m) {
-    if (S.xlabel) el("text", {x: m.l + (w - m.l - m.r) / 2, y: h - 4, "text-anchor": "middle"}, s, S.xlabel);
-    if (S.ylabel) el("text", {x: 12, y: m.t + (h - m.t - m.b) / 2, "text-anchor": "middle",
-                              transform: "rotate(-90 12 " + (m.t + (h - m.t - m.b) / 2) + ")"}, s, S.ylabel);
+    var midX = m.l + (w - m.l - m.r) / 2, midY = m.t + (h - m.t - m.b) / 2;
+    if (S.xlabel) label(s, {x: midX, y: h - 4, "text-anchor": "middle"}, S.xlabel);
+    if (S.ylabel) label(s, {x: 12, y: midY, "text-anchor": "middle",
+                            transform: "rotate(-90 12 " + midY + ")"}, S.ylabel);
   }
   function yTicks(s, m, w, h, lo, hi) {
     for (var i = 0; i <= 4; i++) {
@@ -44,18 +61,23 @@
   }
 
   function bars(frame) {
-    var n = S.labels.length, w = 640, h = 300, m = {l: 56, r: 10, t: 18, b: n > 12 ? 70 : 44};
-    var s = svg(w, h), bw = (w - m.l - m.r) / n;
+    var n = S.labels.length, w = width(), h = 300, bw = (w - 66) / n;
+    var longest = Math.max.apply(null, S.labels.map(function (t) { return String(t).length; }));
+    var tilt = n > 12 || longest * 6.5 > bw;  // labels that would overlap are turned 45 degrees
+    var m = {l: 56, r: 10, t: 18, b: tilt ? Math.min(110, 30 + longest * 5) : 44}, s = svg(w, h);
     yTicks(s, m, w, h, 0, S.ymax);
     for (var i = 0; i < n; i++) {
       var v = frame.h[i], bh = (h - m.t - m.b) * Math.min(v / S.ymax, 1), x = m.l + i * bw;
       var on = !frame.on || frame.on[i];
       el("rect", {x: x + bw * 0.1, width: bw * 0.8, y: h - m.b - bh, height: bh,
                   fill: on ? PALETTE[0] : "#c7c7c7", "class": on ? "hl-bar hl-on" : "hl-bar"}, s);
-      if (n <= 24) el("text", {x: x + bw / 2, y: h - m.b - bh - 3, "text-anchor": "middle", "font-size": 9}, s, fmt(v));
+      if (n <= 24 && bw >= 30)  // a value only where the bar is wide enough to hold it
+        el("text", {x: x + bw / 2, y: h - m.b - bh - 3, "text-anchor": "middle", "font-size": 9}, s,
+           fmt(v));
       var tx = x + bw / 2, ty = h - m.b + 14;
-      el("text", n > 12 ? {x: tx, y: ty, "text-anchor": "end", transform: "rotate(-45 " + tx + " " + ty + ")"}
-                        : {x: tx, y: ty, "text-anchor": "middle"}, s, S.labels[i]);
+      var turned = {x: tx, y: ty, "text-anchor": "end",
+                    transform: "rotate(-45 " + tx + " " + ty + ")"};
+      el("text", tilt ? turned : {x: tx, y: ty, "text-anchor": "middle"}, s, S.labels[i]);
     }
     axisLabels(s, w, h, m);
   }
@@ -69,7 +91,7 @@
   }
   function heatmap(frame) {
     var R = S.rows.length, C = S.cols.length, m = {l: 70, r: 10, t: 10, b: 60};
-    var cell = Math.max(6, Math.min(40, Math.floor(560 / Math.max(R, C))));
+    var cell = Math.max(6, Math.min(40, Math.floor((width() - m.l - m.r) / Math.max(R, C))));
     var w = m.l + C * cell + m.r, h = m.t + R * cell + m.b, s = svg(w, h);
     for (var r = 0; r < R; r++) {
       el("text", {x: m.l - 4, y: m.t + r * cell + cell / 2 + 4, "text-anchor": "end"}, s, S.rows[r]);
@@ -90,7 +112,7 @@
   }
 
   function lines(frame) {
-    var w = 640, h = 300, m = {l: 56, r: 110, t: 12, b: 40}, s = svg(w, h);
+    var w = width(), h = 300, m = {l: 56, r: w < 480 ? 80 : 110, t: 12, b: 40}, s = svg(w, h);
     var x0 = Math.min.apply(null, S.x), x1 = Math.max.apply(null, S.x), lo = S.ylim[0], hi = S.ylim[1];
     var px = function (x) { return m.l + (w - m.l - m.r) * (x - x0) / ((x1 - x0) || 1); };
     var py = function (y) { return h - m.b - (h - m.t - m.b) * (y - lo) / (hi - lo); };
@@ -116,6 +138,21 @@
     figure.appendChild(img);
   }
 
+  // A caption's `spans` are shown as code, as Markdown would show them; the rest stays text.
+  function showCaption(text) {
+    caption.textContent = "";
+    String(text).split("`").forEach(function (part, i) {
+      if (!part) return;
+      if (i % 2) {
+        var code = document.createElement("code");
+        code.textContent = part;
+        caption.appendChild(code);
+      } else {
+        caption.appendChild(document.createTextNode(part));
+      }
+    });
+  }
+
   var draw = {bars: bars, heatmap: heatmap, lines: lines, images: images}[D.kind];
   function update() {
     var k = 0;
@@ -124,9 +161,13 @@
       outputs[i].textContent = D.controls[i].labels[+inputs[i].value];
     }
     draw(D.frames[k]);
-    caption.textContent = D.captions ? D.captions[k] : "";
+    showCaption(D.captions ? D.captions[k] : "");
     root.setAttribute("data-frame", k);
   }
   for (var i = 0; i < inputs.length; i++) inputs[i].addEventListener("input", update);
+  var drawnFor = width();
+  window.addEventListener("resize", function () {
+    if (width() !== drawnFor) { drawnFor = width(); update(); }
+  });
   update();
 })();

@@ -96,7 +96,8 @@ class Explorer:
             for c in self.data["controls"])
         title = html.escape(self.data.get("title", ""))
         return (
-            f'<div class="hl-explorer" id="{self.id}" style="font-family:sans-serif;max-width:680px">'
+            f'<div class="hl-explorer" id="{self.id}" '
+            f'style="font-family:sans-serif;max-width:min(680px,100%)">'
             f'<div class="hl-title" style="font-weight:bold">{title}</div>'
             f'<div class="hl-controls" style="display:flex;flex-wrap:wrap;gap:1em">{sliders}</div>'
             f'<div class="hl-figure"></div><div class="hl-caption" style="font-size:90%"></div>'

@@ -12,7 +12,14 @@ article (``article.bd-article``, else ``main``, else the body) and skip text in
 - :func:`check_wide_blocks`: a table or display equation wider than the content column
   that no box between it and the article scrolls sideways;
 - :func:`check_figure_text`: a matplotlib figure shown so small that its tick labels
-  fall under :data:`MIN_TEXT_PX`.
+  fall under :data:`MIN_TEXT_PX`;
+- :func:`check_page_scroll`: the page itself scrolls sideways (measured at :data:`PHONE`);
+- :func:`check_raw_markup`: ``~~`` or a backtick left as text (strikethrough, inline code);
+- :func:`check_explorers_fit`: an interactive figure wider than its column, or drawn wider
+  than its own box;
+- :func:`check_image_alt`: an image without alt text, or with a file path for it;
+- :func:`check_figure_captions`: a figure in a cell output without a numbered caption;
+- :func:`check_console`: errors and warnings the page logged (:func:`watch_console` records them).
 
 Call :func:`wait_for_math` first: before MathJax has run, every formula is raw TeX.
 """
@@ -184,3 +191,134 @@ def check_figure_text(page) -> list[str]:
     return [f"figure {f.src} ({f.natural[0]}×{f.natural[1]} px at {f.dpi:.0f} dpi) is shown "
             f"{f.width:.0f} px wide: 10 pt text renders {f.text_px:.1f} px < {MIN_TEXT_PX:g} px"
             for f in figures(page) if f.text_px < MIN_TEXT_PX]
+
+
+# --- What a phone's reader meets, and what every reader meets (at 390 px and at 1280 px) ---
+
+PHONE = {"width": 390, "height": 844}  # CSS pixels: a current phone held upright
+
+
+def check_page_scroll(page) -> list[str]:
+    """The page itself scrolls sideways: something in it is wider than the viewport and no box of
+    its own scrolls it. Names the widest elements that stick out past the right edge."""
+    found = page.evaluate("""
+(() => {
+  const doc = document.scrollingElement || document.documentElement;
+  const view = doc.clientWidth;
+  if (doc.scrollWidth <= view + 1) return null;
+  const out = [];
+  for (const el of document.body.querySelectorAll('*')) {
+    const r = el.getBoundingClientRect();
+    if (r.right <= view + 1 || r.width === 0) continue;
+    let clipped = false;  // inside a box that scrolls or clips: the page does not grow
+    for (let box = el.parentElement; box && box !== document.body; box = box.parentElement) {
+      if (getComputedStyle(box).overflowX !== 'visible') { clipped = true; break; }
+    }
+    if (!clipped) out.push({tag: el.tagName.toLowerCase(), cls: el.className.toString(),
+                            right: Math.round(r.right),
+                            text: (el.textContent || '').slice(0, 120)});
+  }
+  return {width: doc.scrollWidth, view, out: out.slice(-5)};
+})()""")
+    if not found:
+        return []
+    return [f"the page is {found['width']} px wide in a {found['view']} px viewport"] + [
+        f"{o['tag']}.{o['cls'].replace(' ', '.')} reaches {o['right']} px: {_snippet(o['text'])!r}"
+        for o in found["out"]]
+
+
+# Markdown a reader should never see as characters: ~~struck~~ and `code` left as text.
+_RAW_MARKUP = r"/~~|`/"
+
+
+def check_raw_markup(page) -> list[str]:
+    """Text outside code with ``~~`` or a backtick: strikethrough or inline code never rendered."""
+    return [f"raw Markdown markup in text: {t!r}" for t in _matching_text(page, _RAW_MARKUP)]
+
+
+_EXPLORERS = """
+(() => {
+  const article = %s;
+  const column = article.getBoundingClientRect();
+  const found = [];
+  article.querySelectorAll('.hl-explorer').forEach((ex, i) => {
+    const box = ex.getBoundingClientRect();
+    const title = (ex.querySelector('.hl-title') || ex).textContent.slice(0, 60);
+    const name = `explorer ${i} (${title})`;
+    if (box.right > column.right + 1)
+      found.push(`${name} ends at ${Math.round(box.right)} px, ` +
+                 `past the column's ${Math.round(column.right)} px`);
+    ex.querySelectorAll('svg, img').forEach(fig => {
+      const r = fig.getBoundingClientRect();
+      if (r.right > box.right + 1 || r.left < box.left - 1)
+        found.push(`${name}: its ${fig.tagName.toLowerCase()} is ${Math.round(r.width)} px ` +
+                   `wide in a ${Math.round(box.width)} px explorer`);
+    });
+  });
+  return found;
+})()
+""" % _ARTICLE
+
+
+def check_explorers_fit(page) -> list[str]:
+    """Interactive figures (``.hl-explorer``) that stick out of the column, or whose drawing
+    sticks out of the explorer (cut off, or scrolled sideways)."""
+    return page.evaluate(_EXPLORERS)
+
+
+_IMAGES = """
+(() => [...%s.querySelectorAll('img')].map(img => ({
+  src: img.getAttribute('src') || '', alt: img.getAttribute('alt'),
+  caption: (() => { const f = img.closest('figure'); const c = f && f.querySelector('figcaption');
+                    return c ? c.textContent.trim() : null; })()})))()
+""" % _ARTICLE
+# An alt text that is a file name or path, not a description: no space; a slash or an image suffix.
+_PATH_LIKE = r"^\S*(/|\.(png|jpe?g|gif|svg|webp)$)\S*$"
+
+
+def _short(src: str) -> str:
+    return src if not src.startswith("data:") else src[:30] + "…"
+
+
+def check_image_alt(page) -> list[str]:
+    """Images whose alt text is missing, empty, or a file path, not words saying what they show."""
+    import re
+
+    out = []
+    for img in page.evaluate(_IMAGES):
+        alt = (img["alt"] or "").strip()
+        if not alt:
+            out.append(f"image {_short(img['src'])} has no alt text")
+        elif re.match(_PATH_LIKE, alt, re.IGNORECASE):
+            out.append(f"image {_short(img['src'])} has a path for alt text: {alt[:80]!r}")
+    return out
+
+
+def check_figure_captions(page) -> list[str]:
+    """Figures in cell outputs without a numbered caption ("Fig. N …" in a figcaption)."""
+    import re
+
+    out = []
+    for img in page.evaluate(_IMAGES.replace("querySelectorAll('img')",
+                                             "querySelectorAll('.cell_output img')")):
+        if img["caption"] is None:
+            out.append(f"figure {_short(img['src'])} has no caption")
+        elif not re.match(r"^Fig(ure|\.)\s*\d+", img["caption"]):
+            out.append(f"figure {_short(img['src'])} has an unnumbered caption: "
+                       f"{img['caption'][:60]!r}")
+    return out
+
+
+def watch_console(page) -> list[str]:
+    """Start recording what the page logs as an error or a warning, and its uncaught exceptions;
+    returns the list that fills as the page runs (call before loading the page)."""
+    seen: list[str] = []
+    page.on("console", lambda msg: seen.append(f"console.{msg.type}: {msg.text}")
+            if msg.type in ("error", "warning", "assert") else None)
+    page.on("pageerror", lambda exc: seen.append(f"uncaught: {exc}"))
+    return seen
+
+
+def check_console(seen: list[str]) -> list[str]:
+    """What :func:`watch_console` recorded: a clean console logs no error and no warning."""
+    return list(seen)

@@ -127,3 +127,32 @@ def test_search_on_the_served_site_finds_a_chapter(open_page, offsite_requests):
     hits = page.eval_on_selector_all("#search-results li a", "links => links.map(a => a.getAttribute('href'))")
     assert any("09_preference" in h for h in hits), f"search for 'Bradley' did not find chapter 9: {hits[:10]}"
     assert not offsite_requests
+
+
+def test_search_of_the_book_opened_from_its_files_shows_snippets(book, browser):
+    """Opened from the folder (file://), where a browser refuses to fetch the pages it found, search
+    still shows a snippet of each hit: the text of the page's article."""
+    page = browser.new_page()
+    try:
+        page.goto((book.html / "search.html").as_uri() + "?q=Bradley", wait_until="load")
+        snippets = "() => document.querySelectorAll('#search-results li p.context').length > 0"
+        page.wait_for_function(snippets, timeout=30_000)
+        chapter_9 = page.locator("a[href*='09_preference']")
+        hit = page.locator("#search-results li").filter(has=chapter_9).first
+        assert "Reward models, RLHF, DPO and RSFT" in hit.locator("p.context").inner_text()
+    finally:
+        page.close()
+
+
+def test_the_front_pages_chapter_table_links_every_chapter_by_its_own_title(open_page):
+    """The browser's title bar names the book once, and the table of chapters links each chapter
+    with the title the chapter's page gives itself."""
+    page = open_page("book/intro.html")
+    assert page.title() == "Halluc Lab"
+    links = page.locator("article table a.reference").evaluate_all(
+        "els => els.map(a => [a.getAttribute('href'), a.textContent.trim()])")
+    chapters = [p for p in PAGES if p.startswith("notebooks/")]
+    assert [href.split("#")[0] for href, _ in links] == [f"../{p}" for p in chapters]
+    for (href, text), path in zip(links, chapters):
+        chapter = open_page(path)
+        assert text == chapter.locator("article h1").first.inner_text().strip("#¶ \n"), path

@@ -45,3 +45,13 @@ def test_tolerance_on_words_is_a_type_error():
 def test_negative_tolerance_is_rejected():
     with pytest.raises(ValueError, match="tol"):
         ClaimTable("doc").check("x", stated=1.0, computed=1.0, tol=-1)
+
+
+def test_backticked_spans_render_as_code_in_the_html_table():
+    t = ClaimTable("004 §7 — `nn.Transformer` & <masks>")
+    t.check("`tgt +=` adds the encoding", stated="adds", computed="adds", agrees=True,
+            note="the answer after `:` is read")
+    page = t._repr_html_()
+    assert "`" not in page
+    assert "<code>tgt +=</code>" in page and "<code>:</code>" in page
+    assert "<code>nn.Transformer</code> &amp; &lt;masks&gt;" in page  # the rest still escaped
