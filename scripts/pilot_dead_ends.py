@@ -86,32 +86,20 @@ def main(argv=None) -> int:
         p.error("--seed must be >= 0 and --n-eval >= 1")
     rt = setup(scale=args.scale, seed=args.seed, verbose=False)
     chains = [variant(n, args.scale, args.seed, args.degree, args.nodes, args.steps) for n in CLEAN]
+    device = torch.cuda.get_device_name(rt.device) if rt.device.type == "cuda" else rt.device.type
+    print(f"clean dead_ends pre-training, seed {args.seed}, {args.scale}, {device}", flush=True)
     start = time.perf_counter()
     recipes.prefetch(chains, rt.device, rt.dtype)
     seconds = time.perf_counter() - start
+    print(f"{seconds:.0f} s to train {len(chains)} recipes at once", flush=True)
     rows = []
     for name, r in zip(CLEAN, chains):
         trained = recipes.load(r, rt)
-        rows.append(
-            {
-                "world": name,
-                "degree": r.task.degree,
-                "nodes": r.task.n_nodes,
-                "steps": r.train.steps,
-                **score(trained, args.n_eval, args.seed),
-            }
-        )
-    device = torch.cuda.get_device_name(rt.device) if rt.device.type == "cuda" else rt.device.type
-    print(
-        f"clean dead_ends pre-training, seed {args.seed}, {args.scale}, {device}: "
-        f"{seconds:.0f} s to train"
-    )
-    for row in rows:
-        print(
-            "  ".join(
-                f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()
-            )
-        )
+        row = {"world": name, "degree": r.task.degree, "nodes": r.task.n_nodes,
+               "steps": r.train.steps, **score(trained, args.n_eval, args.seed)}
+        rows.append(row)
+        print("  ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}"
+                        for k, v in row.items()), flush=True)
     if args.json:
         Path(args.json).write_text(
             json.dumps({"device": device, "seconds": seconds, "rows": rows}, indent=1)
