@@ -250,8 +250,9 @@ for _scale, _icl, _icl_steps, _cot_documents, _sft_steps in (
 # later (k = 1, 2, 4), or never (the control that behaves like kb_walk, answers as long as k = 2's). Each k has
 # a clean corpus and a retry corpus (half its documents walk a wrong arm to its leaf, <bksp> back to the centre,
 # then the gold path; Ye et al. 2024), token-matched, so the arms differ only in the retry data. Pre-training
-# steps are given, the same for both corpora of a k (token-matched corpora pack into different row counts), and
-# sized by a one-seed pilot of the clean models' teacher-forced look-up (book/results/rlvr.md).
+# steps are given, the same for both corpora of a k (token-matched corpora pack into different row counts). A
+# one-seed pilot of the clean models' teacher-forced look-up (book/results/rlvr.md) found these sizes not yet
+# right: at k = 1, 2 the clean model is at the ceiling, at k = 4 and never its look-up has not formed.
 _DEAD_ENDS = {"smoke": dict(n_nodes=16, pretrain_tokens=200_000), "full": dict(n_nodes=20, pretrain_tokens=16_000_000)}
 _DEAD_ENDS_STEPS = {"smoke": 300, "full": 6000}
 for _scale in SCALES:
