@@ -17,7 +17,8 @@ available. A run that fails is recorded with its error's last line; the others g
 
 What lands in OUT (default ``_build/sweep/<notebook stem>``):
 
-- ``runs/<name>=<value>,....ipynb`` — every executed run (a failed run keeps its partial notebook).
+- ``runs/<name>=<value>,....ipynb`` — every executed run (a failed run keeps its partial notebook);
+  characters other than letters, digits and ``._+-`` in a value are percent-encoded (``a/b``: ``a%2Fb``).
 - ``results.csv`` — one row per run: the grid parameters, then every scalar the run glued
   (numbers, bools, strings; lists and dicts are left out, and named on the terminal and in
   sweep.json), then ``status`` (ok/failed), ``error``, ``seconds`` and ``notebook``.
@@ -43,11 +44,11 @@ import itertools
 import json
 import math
 import os
-import re
 import sys
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from urllib.parse import quote
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -250,8 +251,25 @@ def summarise(rows: Sequence[dict], seed_key: str = "seed", values: Sequence[str
 
 
 def run_name(point: dict) -> str:
-    """A run's file stem: ``seed=0,temperature=0.5``, with characters unsafe in a path replaced."""
-    return ",".join(f"{k}={re.sub(r'[^A-Za-z0-9._+-]', '_', str(v))}" for k, v in point.items())
+    """A run's file stem: ``seed=0,temperature=0.5``; every other character percent-encoded, as in a URL,
+    so that two different strings never give one stem (``a/b`` is ``a%2Fb``, ``a_b`` stays ``a_b``).
+
+    >>> run_name({"tag": "a/b c", "seed": 0})
+    'tag=a%2Fb%20c,seed=0'
+    """
+    return ",".join(f"{k}={quote(str(v), safe='.+-')}" for k, v in point.items())
+
+
+def check_run_names(points: list[dict]) -> None:
+    """Refuse a grid two of whose runs would write one notebook: values whose text is the same (``1`` and
+    ``"1"``), or differ only in case (one file where the file system ignores case)."""
+    seen: dict[str, dict] = {}
+    for point in points:
+        name = run_name(point)
+        other = seen.setdefault(name.casefold(), point)
+        if other is not point:
+            raise SweepError(f"runs {other} and {point} would share the notebook runs/{name}.ipynb: "
+                             "give values that differ in more than type or case")
 
 
 def default_jobs(points: int) -> int:
@@ -453,6 +471,7 @@ def plan(args: argparse.Namespace) -> tuple[Path, dict[str, list], dict, list[di
         check_names(["scale"], known)
         fixed["scale"] = args.scale
     points = grid(params)
+    check_run_names(points)
     jobs = default_jobs(len(points)) if args.jobs is None else args.jobs
     if jobs < 1:
         raise SweepError(f"--jobs must be at least 1, got {jobs}")

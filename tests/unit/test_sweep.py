@@ -102,6 +102,25 @@ def test_command_line_errors(tmp_path, args, message):
         sweep.main([str(FIXTURE), *args, "--out", str(tmp_path)])
 
 
+def test_values_that_differ_only_in_unsafe_characters_get_runs_of_their_own(tmp_path):
+    names = [sweep.run_name({"tag": v}) for v in ["a/b", "a_b", "a b", "a%2Fb", "a,b=c"]]
+    assert len(set(names)) == 5 and not any("/" in n for n in names)
+    code = sweep.main([str(FIXTURE), "-p", "scale", "a/b", "a_b", "a b", "--jobs", "1", "--out", str(tmp_path)])
+    assert code == 0
+    assert len(list((tmp_path / "runs").glob("*.ipynb"))) == 3
+    for row in read_csv(tmp_path / "results.csv"):
+        nb = nbformat.read(tmp_path / row["notebook"], as_version=4)
+        injected = [c.source for c in nb.cells if "injected-parameters" in c.metadata.get("tags", [])]
+        assert f'scale = "{row["scale"]}"' in injected[0]
+
+
+@pytest.mark.parametrize("values", [["1", '"1"'], ["A", "a"]])
+def test_a_grid_whose_runs_would_share_a_notebook_is_refused(tmp_path, values):
+    with pytest.raises(SystemExit, match="would share the notebook"):
+        sweep.main([str(FIXTURE), "-p", "scale", *values, "--out", str(tmp_path)])
+    assert not (tmp_path / "runs").exists()
+
+
 def t_interval_by_hand(xs):
     n = len(xs)
     mean = sum(xs) / n
@@ -154,7 +173,7 @@ def test_summarise_seed_only_grid_is_one_setting():
 
 def test_run_name_and_default_jobs():
     assert sweep.run_name({"seed": 0, "temperature": 0.5}) == "seed=0,temperature=0.5"
-    assert sweep.run_name({"tasks": "a/b c"}) == "tasks=a_b_c"
+    assert sweep.run_name({"tasks": "a/b c"}) == "tasks=a%2Fb%20c"
     import torch
 
     assert sweep.default_jobs(6) == (4 if torch.cuda.is_available() else 1)
