@@ -32,6 +32,9 @@ from pathlib import Path
 
 import nbformat
 import papermill
+import zmq
+from jupyter_client.manager import AsyncKernelManager
+from traitlets import default
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -42,6 +45,16 @@ from halluc_lab.notebook import RUN_KEYS, read_glue, toc_notebooks  # noqa: E402
 NOTEBOOKS = ROOT / "notebooks"
 
 
+class EncryptedKernelManager(AsyncKernelManager):
+    """The kernel manager of every run: its ZeroMQ transport encrypted (CurveZMQ keys the manager
+    makes) where pyzmq and the kernel spec support it. Without it ipykernel logs "Kernel is running
+    over TCP without encryption" on every run; where they do not, the run goes on unencrypted."""
+
+    @default("transport_encryption")
+    def _auto(self) -> str:
+        return "auto" if zmq.has("curve") else "disabled"
+
+
 def run(stem: str, out: Path, scale: str, seed: int, at_once: int = 1, notebooks: Path = NOTEBOOKS) -> float:
     """Execute ``notebooks/<stem>.ipynb`` into ``out`` and record its run in the notebook's metadata (``at_once``:
     how many chapters ran at the same time, so that its time is read as what it is)."""
@@ -49,7 +62,8 @@ def run(stem: str, out: Path, scale: str, seed: int, at_once: int = 1, notebooks
     start = time.perf_counter()
     papermill.execute_notebook(str(notebooks / f"{stem}.ipynb"), str(target),
                                parameters={"scale": scale, "seed": seed},
-                               cwd=str(notebooks), progress_bar=False)
+                               cwd=str(notebooks), progress_bar=False,
+                               kernel_manager_class=EncryptedKernelManager)
     seconds = time.perf_counter() - start
     nb = nbformat.read(target, as_version=4)
     glued = read_glue(nb)

@@ -70,6 +70,14 @@ def test_a_failed_chapter_is_reported_and_the_others_still_run_one_at_a_time_too
     assert "chapters_at_once" not in nbformat.read(out / "fine.ipynb", as_version=4).metadata["halluc_lab"]
 
 
+def test_a_run_prints_no_kernel_transport_warning(tmp_path, capfd):
+    notebooks = fixture_chapters(tmp_path / "nb", {"quiet": 1.0})
+    reproduce.run("quiet", tmp_path, "smoke", 0, notebooks=notebooks)
+    printed = capfd.readouterr()
+    assert "without encryption" not in printed.out + printed.err
+    assert "without encryption" not in (tmp_path / "quiet.ipynb").read_text()
+
+
 @pytest.mark.parametrize("jobs", ["0", "-2"])
 def test_fewer_than_one_job_is_refused_before_anything_runs(jobs, tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "argv", ["reproduce.py", "--jobs", jobs, "--out", str(tmp_path / "runs")])

@@ -102,12 +102,14 @@ def test_command_line_errors(tmp_path, args, message):
         sweep.main([str(FIXTURE), *args, "--out", str(tmp_path)])
 
 
-def test_values_that_differ_only_in_unsafe_characters_get_runs_of_their_own(tmp_path):
+def test_values_that_differ_only_in_unsafe_characters_get_runs_of_their_own(tmp_path, capfd):
     names = [sweep.run_name({"tag": v}) for v in ["a/b", "a_b", "a b", "a%2Fb", "a,b=c"]]
     assert len(set(names)) == 5 and not any("/" in n for n in names)
     code = sweep.main([str(FIXTURE), "-p", "scale", "a/b", "a_b", "a b", "--jobs", "1", "--out", str(tmp_path)])
     assert code == 0
     assert len(list((tmp_path / "runs").glob("*.ipynb"))) == 3
+    printed = capfd.readouterr()
+    assert "without encryption" not in printed.out + printed.err  # the kernels' transport is encrypted
     for row in read_csv(tmp_path / "results.csv"):
         nb = nbformat.read(tmp_path / row["notebook"], as_version=4)
         injected = [c.source for c in nb.cells if "injected-parameters" in c.metadata.get("tags", [])]
