@@ -2,6 +2,7 @@
 of the tiny fixture notebook (tests/fixtures/sweep_demo.ipynb) with papermill."""
 
 import csv
+import json
 import math
 import sys
 from pathlib import Path
@@ -123,12 +124,25 @@ def test_a_grid_whose_runs_would_share_a_notebook_is_refused(tmp_path, values):
     assert not (tmp_path / "runs").exists()
 
 
-def t_interval_by_hand(xs):
+def t_interval_by_hand(xs, floor=0.0):
+    """The t-interval; cut at 0, as the sweep cuts that of a value no run gave below 0."""
     n = len(xs)
     mean = sum(xs) / n
     s = math.sqrt(sum((x - mean) ** 2 for x in xs) / (n - 1))
     half = stats.t.ppf(0.975, n - 1) * s / math.sqrt(n)
-    return mean, mean - half, mean + half
+    return mean, max(mean - half, floor), mean + half
+
+
+def test_an_interval_is_cut_only_where_no_run_went():
+    rows = [{"seed": 0, "loss": 0.1, "gain": -0.5, "hit": True},
+            {"seed": 1, "loss": 0.2, "gain": 0.4, "hit": True},
+            {"seed": 2, "loss": 0.9, "gain": 0.3, "hit": False}]
+    (out,) = sweep.summarise(rows, params=["seed"])
+    assert out["loss_low"] == 0.0 and t_interval_by_hand([0.1, 0.2, 0.9], floor=-math.inf)[1] < 0
+    assert out["loss_high"] == pytest.approx(t_interval_by_hand([0.1, 0.2, 0.9])[2])
+    uncut = t_interval_by_hand([-0.5, 0.4, 0.3], floor=-math.inf)
+    assert out["gain_low"] == pytest.approx(uncut[1])
+    assert (out["hit_low"], out["hit_high"]) == (0.0, 1.0)  # a rate: its interval stays in [0, 1]
 
 
 def test_summarise_means_and_t_intervals_over_seeds():
@@ -212,6 +226,16 @@ def test_sweep_end_to_end_with_two_jobs(tmp_path):
         assert float(s["rate"]) == pytest.approx(mean)
         assert float(s["rate_low"]) == pytest.approx(low) and float(s["rate_high"]) == pytest.approx(high)
     assert (out / "summary.png").stat().st_size > 10_000
+
+
+def test_a_seed_only_sweep_plots_no_fixed_scale_and_counts_what_it_left_out(tmp_path, capsys):
+    code = sweep.main([str(FIXTURE), "-p", "seed", "0", "1", "--scale", "smoke",
+                       "--summary", "rate", "--jobs", "1", "--out", str(tmp_path)])
+    assert code == 0
+    report = json.loads((tmp_path / "sweep.json").read_text())
+    assert report["x_axis"] is None and report["left_out"] == ["first_hits"]
+    printed = capsys.readouterr().out
+    assert "1 glued value that" in printed and "first_hits" not in printed
 
 
 def test_failed_run_is_recorded_and_the_others_gathered(tmp_path):
