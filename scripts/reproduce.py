@@ -5,6 +5,9 @@
     python scripts/reproduce.py --scale full --jobs 12 --no-book   # every chapter at once, GPUs in turn
     python scripts/reproduce.py --adopt /tmp/runs    # copy full-scale runs over notebooks/
 
+``--scale full`` where the chapters would run on the CPU stops with an estimate unless ``--yes``
+is given.
+
 Runs never write over the committed notebooks; only ``--adopt`` does, and only with runs whose
 own record says they were made at scale=full (ARCHITECTURE.md §3): the values the footer glued
 when the run executed (``halluc_lab.notebook.RUN_KEYS``), never the notebook's metadata, which
@@ -219,6 +222,18 @@ def adopt(runs: Path, stems: list[str], notebooks: Path = NOTEBOOKS) -> None:
         print(f"adopted {stem}: {nb.metadata['halluc_lab']}")
 
 
+def ask_before_full_on_cpu(stems: list[str]) -> None:
+    """Stop, with an estimate, before full-scale chapters run on the CPU the kernels would pick."""
+    from halluc_lab.device import choose_device
+
+    device, why = choose_device()  # as each chapter's setup() will: kernels inherit $HALLUC_DEVICE
+    if device.type == "cpu":
+        gpu = sum(committed_seconds(s) for s in stems) / 60
+        raise SystemExit(f"--scale full on the CPU ({why}): these {len(stems)} chapters took "
+                         f"{gpu:.0f} minutes on one GPU, and on a CPU pre-training alone takes "
+                         "about 50 minutes: expect hours. Pass --yes to go on, or --scale smoke")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--scale", default="auto", choices=["auto", "smoke", "full"])
@@ -228,6 +243,7 @@ def main() -> None:
     parser.add_argument("--no-book", action="store_true", help="skip building a book from the runs")
     parser.add_argument("--jobs", type=int, default=1, help="chapters at once, each in its own process (default 1)")
     parser.add_argument("--adopt", type=Path, metavar="RUNS", help="copy full-scale runs over notebooks/")
+    parser.add_argument("--yes", action="store_true", help="run at --scale full on a CPU (hours)")
     args = parser.parse_args()
 
     stems = toc_notebooks(ROOT)
@@ -244,6 +260,8 @@ def main() -> None:
     if args.adopt:
         adopt(args.adopt, stems)
         return
+    if args.scale == "full" and not args.yes:
+        ask_before_full_on_cpu(stems)
 
     os.environ["HALLUC_BATCH"] = "1"  # no progress bars in recorded outputs
     os.environ.pop("MPLBACKEND", None)  # the kernels' inline backend: with Agg, plt.show() records no figure

@@ -105,9 +105,11 @@ def test_a_dead_kernel_a_missing_notebook_or_footer_fails_that_chapter_and_the_b
     (["--adopt", "no/such/folder"], "no such folder"),
     (["--seed", "-1"], "--seed must be >= 0, got -1"),
     (["--only"], "--only needs at least one chapter"),
+    (["--scale", "full", "--only", "03_sampling"], "--scale full on the CPU .* on one GPU.* --yes"),
 ])
 def test_bad_command_lines_are_refused_before_anything_runs(args, message, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HALLUC_DEVICE", "cpu")
     monkeypatch.setattr(sys, "argv", ["reproduce.py", *args, "--out", str(tmp_path / "runs")])
     with pytest.raises(SystemExit, match=message):
         reproduce.main()
