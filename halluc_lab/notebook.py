@@ -2,8 +2,10 @@
 
 The last cell of every chapter calls :func:`footer`. It shows the run's device,
 scale, seed, library version and date, and glues them (``run_device``, ...) so
-that ``scripts/reproduce.py`` can copy them into the notebook's metadata. It also lists
-the recipe cache keys of every trained model the chapter loaded, so two chapters that say
+that ``scripts/reproduce.py`` can copy them into the notebook's metadata. The kernel that ran
+the chapter writes them, and ``run_finished`` (UTC, to the microsecond) tells one run from
+another: ``reproduce.py --adopt`` reads only these, never metadata a copied notebook kept. It also
+lists the recipe cache keys of every trained model the chapter loaded, so two chapters that say
 they use the same models can be seen to (``run_recipes``), and the hash of each module those keys
 cover (``run_code``), so that a later code state can say which chapters' footers are stale and
 which module moved (:func:`stale_footers`; ``make test`` prints them).
@@ -21,11 +23,11 @@ import yaml
 
 from halluc_lab.device import Runtime
 
-RUN_KEYS = ("device", "scale", "seed", "version", "torch", "date")
+RUN_KEYS = ("device", "scale", "seed", "version", "torch", "date", "finished")
 
 
 def run_metadata(rt: Runtime) -> dict[str, str | int]:
-    """What a run records about itself: device, scale, seed, versions and date."""
+    """What a run records about itself: device, scale, seed, versions, date, when it finished."""
     from halluc_lab import __version__
 
     name = rt.device.type
@@ -40,6 +42,7 @@ def run_metadata(rt: Runtime) -> dict[str, str | int]:
         "version": __version__,
         "torch": torch.__version__,
         "date": datetime.date.today().isoformat(),
+        "finished": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="microseconds"),
     }
 
 

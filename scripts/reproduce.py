@@ -5,8 +5,14 @@
     python scripts/reproduce.py --scale full --jobs 12 --no-book   # every chapter at once, GPUs in turn
     python scripts/reproduce.py --adopt /tmp/runs    # copy full-scale runs over notebooks/
 
-Runs never write over the committed notebooks; only ``--adopt`` does, and only with
-runs whose metadata says they were made at scale=full (ARCHITECTURE.md §3).
+``--scale full`` where the chapters would run on the CPU stops with an estimate unless ``--yes``
+is given.
+
+Runs never write over the committed notebooks; only ``--adopt`` does, and only with runs whose
+own record says they were made at scale=full (ARCHITECTURE.md §3): the values the footer glued
+when the run executed (``halluc_lab.notebook.RUN_KEYS``), never the notebook's metadata, which
+a notebook executed by papermill alone keeps from the committed run. A run with no record of
+its own, or the committed run's record (``run_finished`` unchanged), is refused.
 
 ``--jobs N`` runs N chapters at once, each in its own process, the longest (by the committed run's
 time) first. The chapters share the recipe cache, whose entries are locked while they train: a chapter
@@ -29,6 +35,9 @@ from pathlib import Path
 
 import nbformat
 import papermill
+import zmq
+from jupyter_client.manager import AsyncKernelManager
+from traitlets import default
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -39,6 +48,16 @@ from halluc_lab.notebook import RUN_KEYS, read_glue, toc_notebooks  # noqa: E402
 NOTEBOOKS = ROOT / "notebooks"
 
 
+class EncryptedKernelManager(AsyncKernelManager):
+    """The kernel manager of every run: its ZeroMQ transport encrypted (CurveZMQ keys the manager
+    makes) where pyzmq and the kernel spec support it. Without it ipykernel logs "Kernel is running
+    over TCP without encryption" on every run; where they do not, the run goes on unencrypted."""
+
+    @default("transport_encryption")
+    def _auto(self) -> str:
+        return "auto" if zmq.has("curve") else "disabled"
+
+
 def run(stem: str, out: Path, scale: str, seed: int, at_once: int = 1, notebooks: Path = NOTEBOOKS) -> float:
     """Execute ``notebooks/<stem>.ipynb`` into ``out`` and record its run in the notebook's metadata (``at_once``:
     how many chapters ran at the same time, so that its time is read as what it is)."""
@@ -46,7 +65,8 @@ def run(stem: str, out: Path, scale: str, seed: int, at_once: int = 1, notebooks
     start = time.perf_counter()
     papermill.execute_notebook(str(notebooks / f"{stem}.ipynb"), str(target),
                                parameters={"scale": scale, "seed": seed},
-                               cwd=str(notebooks), progress_bar=False)
+                               cwd=str(notebooks), progress_bar=False,
+                               kernel_manager_class=EncryptedKernelManager)
     seconds = time.perf_counter() - start
     nb = nbformat.read(target, as_version=4)
     glued = read_glue(nb)
@@ -100,6 +120,10 @@ def _run_chapter(stem: str, out: Path, scale: str, seed: int, at_once: int, gpus
         return run(stem, out, scale, seed, at_once, notebooks), None
     except papermill.PapermillExecutionError as err:
         return None, f"cell {err.exec_count}: {err.ename}: {err.evalue}"
+    except KeyError as err:  # run() found no footer value
+        return None, f"its footer: no glued value {err}"
+    except Exception as err:  # noqa: BLE001 - a dead kernel, a missing notebook: this chapter only
+        return None, f"{type(err).__name__}: {err}"
 
 
 def run_all(stems: list[str], out: Path, scale: str, seed: int, jobs: int,
@@ -133,7 +157,11 @@ def run_all(stems: list[str], out: Path, scale: str, seed: int, jobs: int,
         futures = {pool.submit(_run_chapter, stem, out, scale, seed, jobs, gpu_order(i, gpus), notebooks): stem
                    for i, stem in enumerate(order)}
         for future in as_completed(futures):
-            record(futures[future], *future.result())
+            try:
+                result = future.result()
+            except Exception as err:  # noqa: BLE001 - the worker process itself died
+                result = None, f"its worker: {type(err).__name__}: {err}"
+            record(futures[future], *result)
     return times, failed
 
 
@@ -152,18 +180,58 @@ def build_book(runs: Path) -> Path:
     return src / "_build" / "html"
 
 
-def adopt(runs: Path, stems: list[str]) -> None:
-    """Copy full-scale runs over the committed notebooks."""
+def own_record(nb) -> dict:
+    """What a run glued about itself when it executed (``RUN_KEYS``); only the keys it glued."""
+    glued = read_glue(nb)
+    return {key: glued[f"run_{key}"] for key in RUN_KEYS if f"run_{key}" in glued}
+
+
+def adopt(runs: Path, stems: list[str], notebooks: Path = NOTEBOOKS) -> None:
+    """Copy full-scale runs over the committed notebooks, each with metadata from its own record.
+
+    Every run is checked before any is copied: a run whose record is missing, not at scale=full,
+    or the committed notebook's own (the same ``finished``) refuses the whole adoption."""
+    if not runs.is_dir():
+        raise SystemExit(f"--adopt {runs}: no such folder")
+    chosen = {}
     for stem in stems:
         source = runs / f"{stem}.ipynb"
         if not source.exists():
             print(f"skip {stem}: no run in {runs}")
             continue
-        meta = nbformat.read(source, as_version=4).metadata.get("halluc_lab", {})
-        if meta.get("scale") != "full":
-            raise SystemExit(f"{source} was run at scale={meta.get('scale')!r}; only full-scale runs are adopted")
-        shutil.copy2(source, NOTEBOOKS / source.name)
-        print(f"adopted {stem}: {meta}")
+        nb = nbformat.read(source, as_version=4)
+        record = own_record(nb)
+        committed = own_record(nbformat.read(notebooks / source.name, as_version=4))
+        if record.keys() != set(RUN_KEYS):
+            raise SystemExit(f"{source} records no run of its own (its footer glued "
+                             f"{sorted(record)}, not {list(RUN_KEYS)}): did it run to the end?")
+        if record["scale"] != "full":
+            raise SystemExit(f"{source} was run at scale={record['scale']!r} on "
+                             f"{record['device']}; only full-scale runs are adopted")
+        if record["finished"] == committed.get("finished"):
+            raise SystemExit(f"{source} holds the committed run ({record['finished']}), "
+                             "not a new one")
+        chosen[stem] = nb, record
+    if not chosen:
+        raise SystemExit(f"--adopt {runs}: no run of {stems} in it")
+    for stem, (nb, record) in chosen.items():
+        meta = nb.metadata.get("halluc_lab", {})
+        if any(meta.get(key) != value for key, value in record.items()):  # stale: not from run()
+            nb.metadata["halluc_lab"] = record
+        nbformat.write(nb, notebooks / f"{stem}.ipynb")
+        print(f"adopted {stem}: {nb.metadata['halluc_lab']}")
+
+
+def ask_before_full_on_cpu(stems: list[str]) -> None:
+    """Stop, with an estimate, before full-scale chapters run on the CPU the kernels would pick."""
+    from halluc_lab.device import choose_device
+
+    device, why = choose_device()  # as each chapter's setup() will: kernels inherit $HALLUC_DEVICE
+    if device.type == "cpu":
+        gpu = sum(committed_seconds(s) for s in stems) / 60
+        raise SystemExit(f"--scale full on the CPU ({why}): these {len(stems)} chapters took "
+                         f"{gpu:.0f} minutes on one GPU, and on a CPU pre-training alone takes "
+                         "about 50 minutes: expect hours. Pass --yes to go on, or --scale smoke")
 
 
 def main() -> None:
@@ -175,9 +243,14 @@ def main() -> None:
     parser.add_argument("--no-book", action="store_true", help="skip building a book from the runs")
     parser.add_argument("--jobs", type=int, default=1, help="chapters at once, each in its own process (default 1)")
     parser.add_argument("--adopt", type=Path, metavar="RUNS", help="copy full-scale runs over notebooks/")
+    parser.add_argument("--yes", action="store_true", help="run at --scale full on a CPU (hours)")
     args = parser.parse_args()
 
     stems = toc_notebooks(ROOT)
+    if args.only is not None and not args.only:
+        raise SystemExit("--only needs at least one chapter; leave it out to run every chapter")
+    if args.seed < 0:
+        raise SystemExit(f"--seed must be >= 0, got {args.seed}")
     unknown = set(args.only or []) - set(stems)
     if unknown:
         raise SystemExit(f"not in _toc.yml: {sorted(unknown)}; chapters are {stems}")
@@ -187,6 +260,8 @@ def main() -> None:
     if args.adopt:
         adopt(args.adopt, stems)
         return
+    if args.scale == "full" and not args.yes:
+        ask_before_full_on_cpu(stems)
 
     os.environ["HALLUC_BATCH"] = "1"  # no progress bars in recorded outputs
     os.environ.pop("MPLBACKEND", None)  # the kernels' inline backend: with Agg, plt.show() records no figure

@@ -17,9 +17,10 @@ available. A run that fails is recorded with its error's last line; the others g
 
 What lands in OUT (default ``_build/sweep/<notebook stem>``):
 
-- ``runs/<name>=<value>,....ipynb`` — every executed run (a failed run keeps its partial notebook).
+- ``runs/<name>=<value>,....ipynb`` — every executed run (a failed run keeps its partial notebook);
+  characters other than letters, digits and ``._+-`` in a value are percent-encoded (``a/b``: ``a%2Fb``).
 - ``results.csv`` — one row per run: the grid parameters, then every scalar the run glued
-  (numbers, bools, strings; lists and dicts are left out, and named on the terminal and in
+  (numbers, bools, strings; lists and dicts are left out, counted on the terminal and named in
   sweep.json), then ``status`` (ok/failed), ``error``, ``seconds`` and ``notebook``.
 - ``summary.csv`` — one row per setting of the non-seed parameters: ``n_seeds`` (the runs that
   gave values), then for each numeric glued value (or those named by ``--summary``) its mean
@@ -32,6 +33,9 @@ The interval is over seeds only: mean ± t(0.975, n−1)·s/√n, with s the sta
 the n per-seed values of a setting. It says how far the mean might move with other seeds, all
 else fixed; it is not the within-run interval a chapter reports over its own prompts (a Wilson
 or bootstrap interval), and with one seed per setting there is none (the cells stay empty).
+The interval is cut to where the mean can lie, judged from every run of the sweep: at 0 for a
+value no run gave below 0 (a loss, a count), to [0, 1] for a bool. The true mean of such a value
+lies there, so the cut interval covers it whenever the uncut one does: the coverage is unchanged.
 """
 
 from __future__ import annotations
@@ -43,11 +47,11 @@ import itertools
 import json
 import math
 import os
-import re
 import sys
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from urllib.parse import quote
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -188,8 +192,18 @@ def default_values(rows: Sequence[dict], params: Iterable[str], seed_key: str = 
             if not k.startswith(FOOTER_PREFIX)]
 
 
-def t_interval(xs: Sequence[float], confidence: float = CONFIDENCE) -> tuple[float, float | None, float | None]:
-    """Mean and the t-interval mean ± t((1+c)/2, n−1)·s/√n; no interval for a single value."""
+Bounds = tuple[float, float]
+UNBOUNDED: Bounds = (-math.inf, math.inf)
+
+
+def t_interval(xs: Sequence[float], confidence: float = CONFIDENCE,
+               bounds: Bounds = UNBOUNDED) -> tuple[float, float | None, float | None]:
+    """Mean and the t-interval mean ± t((1+c)/2, n−1)·s/√n, cut to ``bounds`` (where the mean can
+    lie: the cut interval covers the mean whenever the uncut one does); none for a single value.
+
+    >>> t_interval([0.1, 0.2, 0.9], bounds=(0.0, math.inf))[1]
+    0.0
+    """
     from scipy.stats import t
 
     n = len(xs)
@@ -200,7 +214,15 @@ def t_interval(xs: Sequence[float], confidence: float = CONFIDENCE) -> tuple[flo
         return mean, None, None
     s = math.sqrt(math.fsum((x - mean) ** 2 for x in xs) / (n - 1))
     half = float(t.ppf(0.5 + confidence / 2, n - 1)) * s / math.sqrt(n)
-    return mean, mean - half, mean + half
+    return mean, max(mean - half, bounds[0]), min(mean + half, bounds[1])
+
+
+def value_bounds(xs: Sequence) -> Bounds:
+    """Where the mean of a value can lie, judged from every run of the sweep: [0, 1] for bools (a
+    rate), [0, ∞) for a value no run gave below 0 (a loss, a count), else unbounded."""
+    if all(isinstance(x, bool) for x in xs):
+        return 0.0, 1.0
+    return (0.0 if all(x >= 0 for x in xs) else -math.inf), math.inf
 
 
 def summarise(rows: Sequence[dict], seed_key: str = "seed", values: Sequence[str] | None = None,
@@ -213,8 +235,8 @@ def summarise(rows: Sequence[dict], seed_key: str = "seed", values: Sequence[str
     numeric column except the parameters and the footer's ``run_*`` metadata. At least one of
     the two must be given. Each output row holds the setting, ``n_seeds`` (rows of the setting
     with a number for some value) and, per value, ``<value>`` (the mean), ``<value>_low`` and
-    ``<value>_high`` (None with a single seed). A row without a number for a value (a failed
-    run) is left out of that value's mean.
+    ``<value>_high`` (None with a single seed), cut to :func:`value_bounds`. A row without a
+    number for a value (a failed run) is left out of that value's mean.
     """
     rows = list(rows)
     if params is None and values is None:
@@ -234,6 +256,7 @@ def summarise(rows: Sequence[dict], seed_key: str = "seed", values: Sequence[str
     groups: dict[tuple, list[dict]] = {}
     for row in rows:
         groups.setdefault(tuple(repr(row.get(p)) for p in group_by), []).append(row)
+    bounds = {v: value_bounds([r[v] for r in rows if _is_number(r.get(v))]) for v in values}
     out = []
     for members in groups.values():
         summary = {p: members[0].get(p) for p in group_by}
@@ -241,7 +264,7 @@ def summarise(rows: Sequence[dict], seed_key: str = "seed", values: Sequence[str
         for v in values:
             xs = [float(r[v]) for r in members if _is_number(r.get(v))]
             counts.append(len(xs))
-            mean, low, high = t_interval(xs, confidence)
+            mean, low, high = t_interval(xs, confidence, bounds[v])
             stats.update({v: mean if xs else None, f"{v}_low": low, f"{v}_high": high})
         summary["n_seeds"] = max(counts, default=0)
         summary.update(stats)
@@ -250,8 +273,25 @@ def summarise(rows: Sequence[dict], seed_key: str = "seed", values: Sequence[str
 
 
 def run_name(point: dict) -> str:
-    """A run's file stem: ``seed=0,temperature=0.5``, with characters unsafe in a path replaced."""
-    return ",".join(f"{k}={re.sub(r'[^A-Za-z0-9._+-]', '_', str(v))}" for k, v in point.items())
+    """A run's file stem: ``seed=0,temperature=0.5``; every other character percent-encoded, as in a URL,
+    so that two different strings never give one stem (``a/b`` is ``a%2Fb``, ``a_b`` stays ``a_b``).
+
+    >>> run_name({"tag": "a/b c", "seed": 0})
+    'tag=a%2Fb%20c,seed=0'
+    """
+    return ",".join(f"{k}={quote(str(v), safe='.+-')}" for k, v in point.items())
+
+
+def check_run_names(points: list[dict]) -> None:
+    """Refuse a grid two of whose runs would write one notebook: values whose text is the same (``1`` and
+    ``"1"``), or differ only in case (one file where the file system ignores case)."""
+    seen: dict[str, dict] = {}
+    for point in points:
+        name = run_name(point)
+        other = seen.setdefault(name.casefold(), point)
+        if other is not point:
+            raise SweepError(f"runs {other} and {point} would share the notebook runs/{name}.ipynb: "
+                             "give values that differ in more than type or case")
 
 
 def default_jobs(points: int) -> int:
@@ -269,6 +309,7 @@ def default_jobs(points: int) -> int:
 def _execute(source: str, target: str, parameters: dict, cwd: str) -> dict:
     """Run one grid point with papermill; never raises: a failure comes back as status/error."""
     import papermill
+    from reproduce import EncryptedKernelManager
 
     saved = {k: os.environ.get(k) for k in ("HALLUC_BATCH", "MPLBACKEND")}
     os.environ["HALLUC_BATCH"] = "1"  # no progress bars in the recorded outputs
@@ -276,7 +317,8 @@ def _execute(source: str, target: str, parameters: dict, cwd: str) -> dict:
     start = time.perf_counter()
     try:
         papermill.execute_notebook(source, target, parameters=parameters, kernel_name="python3",
-                                   cwd=cwd, progress_bar=False, log_output=False)
+                                   cwd=cwd, progress_bar=False, log_output=False,
+                                   kernel_manager_class=EncryptedKernelManager)
         status, error = "ok", ""
     except papermill.PapermillExecutionError as err:
         lines = [ln for ln in str(err.evalue).splitlines() if ln.strip()]
@@ -366,8 +408,10 @@ def write_csv(path: Path, rows: list[dict], columns: list[str]) -> None:
             writer.writerow({c: _cell(row.get(c)) for c in columns})
 
 
-def plot_summary(summary: list[dict], values: list[str], group_by: list[str], path: Path, title: str) -> None:
-    """One panel per value (at most four, two columns): mean ± interval against the first parameter."""
+def plot_summary(summary: list[dict], values: list[str], group_by: list[str], path: Path,
+                 title: str) -> str | None:
+    """One panel per value (at most four, two columns): mean ± interval against the first parameter
+    that varies; that parameter (None where only the seed varies)."""
     from matplotlib import rc_context
     from matplotlib.figure import Figure
 
@@ -411,6 +455,7 @@ def plot_summary(summary: list[dict], values: list[str], group_by: list[str], pa
             ax.set_visible(False)
         fig.suptitle(title)
         fig.savefig(path, dpi=120)
+    return x_key
 
 
 # ---------------------------------------------------------------------------- the command
@@ -453,6 +498,7 @@ def plan(args: argparse.Namespace) -> tuple[Path, dict[str, list], dict, list[di
         check_names(["scale"], known)
         fixed["scale"] = args.scale
     points = grid(params)
+    check_run_names(points)
     jobs = default_jobs(len(points)) if args.jobs is None else args.jobs
     if jobs < 1:
         raise SweepError(f"--jobs must be at least 1, got {jobs}")
@@ -482,13 +528,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     write_csv(out / "results.csv", rows, names + list(column.values()) + list(RUN_COLUMNS))
     left_out = sorted({k for r in runs for k in r["left_out"]})
     if left_out:
-        print(f"left out of results.csv (not scalars): {', '.join(left_out)}")
+        plural = "s" * (len(left_out) > 1)
+        print(f"left out of results.csv: {len(left_out)} glued value{plural} that are not scalars "
+              "(lists, dicts; sweep.json names them)")
 
     failed = [r for r in rows if r["status"] != "ok"]
     for r in failed:
         print(f"FAILED {r['notebook']}: {r['error']}")
     ok_rows = [r for r in rows if r["status"] == "ok"]
-    summary, values, shown = [], [], []
+    summary, values, shown, x_axis = [], [], [], None
     if ok_rows:
         values = list(dict.fromkeys(args.summary)) if args.summary else default_values(rows, names)
         try:
@@ -496,6 +544,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except SweepError as err:
             raise SystemExit(f"sweep.py: error: {err} (results.csv is written)") from None
         group_by = [p for p in names if p != "seed"]
+        axes = [p for p in params if p != "seed"]  # the grid's, not a fixed --scale
         write_csv(out / "summary.csv", summary,
                   group_by + ["n_seeds"] + [c for v in values for c in (v, f"{v}_low", f"{v}_high")])
         if values:
@@ -504,13 +553,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             # unless named, constants (a sample count, say) give way to values that move
             varying = [v for v in values if len({s[v] for s in summary if s[v] is not None}) > 1]
             shown = (values if args.summary else varying or values)[:MAX_PANELS]
-            plot_summary(summary, shown, group_by, out / "summary.png", f"{source.stem}: {note}")
+            x_axis = plot_summary(summary, shown, axes, out / "summary.png",
+                                  f"{source.stem}: {note}")
             if len(shown) < len(values):
                 print(f"summary.png shows {', '.join(shown)}; summary.csv has all {len(values)} values")
     (out / "sweep.json").write_text(json.dumps({
         "notebook": str(source), "grid": params, "fixed": fixed, "jobs": jobs, "runs": len(rows),
         "failed": {r["notebook"]: r["error"] for r in failed}, "left_out": left_out,
-        "summary_values": values, "plotted": shown, "interval": f"{CONFIDENCE:.0%} t-interval over seeds only",
+        "summary_values": values, "plotted": shown, "x_axis": x_axis,
+        "interval": f"{CONFIDENCE:.0%} t-interval over seeds only, cut at 0 for values no run "
+                    "gave below 0, to [0, 1] for bools",
     }, indent=1, default=str))
     print(f"results: {out / 'results.csv'} ({len(rows)} runs, {len(failed)} failed)")
     if summary:

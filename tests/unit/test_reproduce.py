@@ -70,9 +70,87 @@ def test_a_failed_chapter_is_reported_and_the_others_still_run_one_at_a_time_too
     assert "chapters_at_once" not in nbformat.read(out / "fine.ipynb", as_version=4).metadata["halluc_lab"]
 
 
+def test_a_run_prints_no_kernel_transport_warning(tmp_path, capfd):
+    notebooks = fixture_chapters(tmp_path / "nb", {"quiet": 1.0})
+    reproduce.run("quiet", tmp_path, "smoke", 0, notebooks=notebooks)
+    printed = capfd.readouterr()
+    assert "without encryption" not in printed.out + printed.err
+    assert "without encryption" not in (tmp_path / "quiet.ipynb").read_text()
+
+
 @pytest.mark.parametrize("jobs", ["0", "-2"])
 def test_fewer_than_one_job_is_refused_before_anything_runs(jobs, tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "argv", ["reproduce.py", "--jobs", jobs, "--out", str(tmp_path / "runs")])
     with pytest.raises(SystemExit, match=f"--jobs must be at least 1, got {jobs}"):
         reproduce.main()
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_dead_kernel_a_missing_notebook_or_footer_fails_that_chapter_and_the_book_goes_on(tmp_path):
+    notebooks = fixture_chapters(tmp_path / "nb", {"fine": 1.0, "dies": 2.0, "no_footer": 3.0})
+    nb = nbformat.read(notebooks / "dies.ipynb", as_version=4)
+    nb.cells.append(nbformat.v4.new_code_cell("import os\nos._exit(1)"))
+    nbformat.write(nb, notebooks / "dies.ipynb")
+    nb = nbformat.read(notebooks / "no_footer.ipynb", as_version=4)
+    nb.cells = nb.cells[:1]  # the parameters only: nothing glued
+    nbformat.write(nb, notebooks / "no_footer.ipynb")
+    out = tmp_path / "runs"
+    out.mkdir()
+    times, failed = reproduce.run_all(["dies", "missing", "no_footer", "fine"], out, "smoke", 0, jobs=1,
+                                      notebooks=notebooks)
+    assert failed == ["dies", "missing", "no_footer"] and list(times) == ["fine"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--adopt", "no/such/folder"], "no such folder"),
+    (["--seed", "-1"], "--seed must be >= 0, got -1"),
+    (["--only"], "--only needs at least one chapter"),
+    (["--scale", "full", "--only", "03_sampling"], "--scale full on the CPU .* on one GPU.* --yes"),
+])
+def test_bad_command_lines_are_refused_before_anything_runs(args, message, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HALLUC_DEVICE", "cpu")
+    monkeypatch.setattr(sys, "argv", ["reproduce.py", *args, "--out", str(tmp_path / "runs")])
+    with pytest.raises(SystemExit, match=message):
+        reproduce.main()
+    assert not (tmp_path / "runs").exists()
+
+
+def papermill_run(source: Path, target: Path, scale: str) -> Path:
+    """``source`` executed by papermill alone, as the README's command does (its metadata kept)."""
+    import papermill
+
+    papermill.execute_notebook(str(source), str(target), parameters={"scale": scale}, progress_bar=False)
+    return target
+
+
+def test_adopt_reads_the_runs_own_record_never_the_metadata_it_kept(tmp_path):
+    notebooks = fixture_chapters(tmp_path / "nb", {"ch": 1.0})
+    committed = papermill_run(notebooks / "ch.ipynb", tmp_path / "committed.ipynb", "full")
+    nb = nbformat.read(committed, as_version=4)
+    nb.metadata["halluc_lab"] = reproduce.own_record(nb)  # a committed full-scale run on a GPU
+    nb.metadata["halluc_lab"]["device"] = "cuda (NVIDIA H100 80GB HBM3)"
+    nbformat.write(nb, notebooks / "ch.ipynb")
+    before = (notebooks / "ch.ipynb").read_text()
+    runs = tmp_path / "runs"
+    runs.mkdir()
+
+    papermill_run(notebooks / "ch.ipynb", runs / "ch.ipynb", "smoke")  # keeps the committed metadata
+    assert nbformat.read(runs / "ch.ipynb", as_version=4).metadata["halluc_lab"]["scale"] == "full"
+    with pytest.raises(SystemExit, match="scale='smoke'"):
+        reproduce.adopt(runs, ["ch"], notebooks)
+    (runs / "ch.ipynb").write_text(before)  # the committed notebook itself, not a run
+    with pytest.raises(SystemExit, match="the committed run"):
+        reproduce.adopt(runs, ["ch"], notebooks)
+    nb = nbformat.read(runs / "ch.ipynb", as_version=4)
+    nb.cells = nb.cells[:1]
+    nbformat.write(nb, runs / "ch.ipynb")
+    with pytest.raises(SystemExit, match="records no run of its own"):
+        reproduce.adopt(runs, ["ch"], notebooks)
+    assert (notebooks / "ch.ipynb").read_text() == before
+
+    papermill_run(notebooks / "ch.ipynb", runs / "ch.ipynb", "full")
+    reproduce.adopt(runs, ["ch"], notebooks)
+    adopted = nbformat.read(notebooks / "ch.ipynb", as_version=4)
+    assert adopted.metadata["halluc_lab"] == reproduce.own_record(adopted)
+    assert adopted.metadata["halluc_lab"]["device"] == "cpu"

@@ -2,6 +2,7 @@
 of the tiny fixture notebook (tests/fixtures/sweep_demo.ipynb) with papermill."""
 
 import csv
+import json
 import math
 import sys
 from pathlib import Path
@@ -102,12 +103,46 @@ def test_command_line_errors(tmp_path, args, message):
         sweep.main([str(FIXTURE), *args, "--out", str(tmp_path)])
 
 
-def t_interval_by_hand(xs):
+def test_values_that_differ_only_in_unsafe_characters_get_runs_of_their_own(tmp_path, capfd):
+    names = [sweep.run_name({"tag": v}) for v in ["a/b", "a_b", "a b", "a%2Fb", "a,b=c"]]
+    assert len(set(names)) == 5 and not any("/" in n for n in names)
+    code = sweep.main([str(FIXTURE), "-p", "scale", "a/b", "a_b", "a b", "--jobs", "1", "--out", str(tmp_path)])
+    assert code == 0
+    assert len(list((tmp_path / "runs").glob("*.ipynb"))) == 3
+    printed = capfd.readouterr()
+    assert "without encryption" not in printed.out + printed.err  # the kernels' transport is encrypted
+    for row in read_csv(tmp_path / "results.csv"):
+        nb = nbformat.read(tmp_path / row["notebook"], as_version=4)
+        injected = [c.source for c in nb.cells if "injected-parameters" in c.metadata.get("tags", [])]
+        assert f'scale = "{row["scale"]}"' in injected[0]
+
+
+@pytest.mark.parametrize("values", [["1", '"1"'], ["A", "a"]])
+def test_a_grid_whose_runs_would_share_a_notebook_is_refused(tmp_path, values):
+    with pytest.raises(SystemExit, match="would share the notebook"):
+        sweep.main([str(FIXTURE), "-p", "scale", *values, "--out", str(tmp_path)])
+    assert not (tmp_path / "runs").exists()
+
+
+def t_interval_by_hand(xs, floor=0.0):
+    """The t-interval; cut at 0, as the sweep cuts that of a value no run gave below 0."""
     n = len(xs)
     mean = sum(xs) / n
     s = math.sqrt(sum((x - mean) ** 2 for x in xs) / (n - 1))
     half = stats.t.ppf(0.975, n - 1) * s / math.sqrt(n)
-    return mean, mean - half, mean + half
+    return mean, max(mean - half, floor), mean + half
+
+
+def test_an_interval_is_cut_only_where_no_run_went():
+    rows = [{"seed": 0, "loss": 0.1, "gain": -0.5, "hit": True},
+            {"seed": 1, "loss": 0.2, "gain": 0.4, "hit": True},
+            {"seed": 2, "loss": 0.9, "gain": 0.3, "hit": False}]
+    (out,) = sweep.summarise(rows, params=["seed"])
+    assert out["loss_low"] == 0.0 and t_interval_by_hand([0.1, 0.2, 0.9], floor=-math.inf)[1] < 0
+    assert out["loss_high"] == pytest.approx(t_interval_by_hand([0.1, 0.2, 0.9])[2])
+    uncut = t_interval_by_hand([-0.5, 0.4, 0.3], floor=-math.inf)
+    assert out["gain_low"] == pytest.approx(uncut[1])
+    assert (out["hit_low"], out["hit_high"]) == (0.0, 1.0)  # a rate: its interval stays in [0, 1]
 
 
 def test_summarise_means_and_t_intervals_over_seeds():
@@ -154,7 +189,7 @@ def test_summarise_seed_only_grid_is_one_setting():
 
 def test_run_name_and_default_jobs():
     assert sweep.run_name({"seed": 0, "temperature": 0.5}) == "seed=0,temperature=0.5"
-    assert sweep.run_name({"tasks": "a/b c"}) == "tasks=a_b_c"
+    assert sweep.run_name({"tasks": "a/b c"}) == "tasks=a%2Fb%20c"
     import torch
 
     assert sweep.default_jobs(6) == (4 if torch.cuda.is_available() else 1)
@@ -191,6 +226,16 @@ def test_sweep_end_to_end_with_two_jobs(tmp_path):
         assert float(s["rate"]) == pytest.approx(mean)
         assert float(s["rate_low"]) == pytest.approx(low) and float(s["rate_high"]) == pytest.approx(high)
     assert (out / "summary.png").stat().st_size > 10_000
+
+
+def test_a_seed_only_sweep_plots_no_fixed_scale_and_counts_what_it_left_out(tmp_path, capsys):
+    code = sweep.main([str(FIXTURE), "-p", "seed", "0", "1", "--scale", "smoke",
+                       "--summary", "rate", "--jobs", "1", "--out", str(tmp_path)])
+    assert code == 0
+    report = json.loads((tmp_path / "sweep.json").read_text())
+    assert report["x_axis"] is None and report["left_out"] == ["first_hits"]
+    printed = capsys.readouterr().out
+    assert "1 glued value that" in printed and "first_hits" not in printed
 
 
 def test_failed_run_is_recorded_and_the_others_gathered(tmp_path):
