@@ -21,11 +21,12 @@ Departures: a mean over zero target tokens is undefined (PyTorch returns NaN); h
 error, so a batch with no targets is noticed instead of silently training on nothing. The
 preference and policy-gradient losses check shapes and their scalar settings (β, ε, γ, λ) but not
 the values inside their tensors: such a check would make the host wait for the device at every
-step, and break a step captured as a CUDA graph. Labels are the exception: an id outside [0, V) would
-be a raw IndexError (a device-side assert on a GPU) or, below 0, silently read as id 0, so the
-functions that take labels check them by value — except while a CUDA graph is captured or a graph
-compiled, where no host sync can run. On a GPU the default training step is captured, so its replays
-pay nothing; its eager warm-up checks the first batch, and an eager step pays one small wait per call.
+step, and break a step captured as a CUDA graph. Labels are the exception: an id outside [0, V)
+would be a raw IndexError (a device-side assert on a GPU) or, below 0, silently read as id 0, so
+the functions that take labels check them by value — except while a CUDA graph is captured or a
+graph compiled, where no host sync can run. On a GPU the default training step is captured, so
+its replays pay nothing; its eager warm-up checks the first batch, and an eager step pays one
+small wait per call.
 """
 
 from __future__ import annotations
@@ -42,20 +43,23 @@ REDUCTIONS = ("mean", "sum", "none")
 
 
 def _check_pair(logits: torch.Tensor, labels: torch.Tensor) -> None:
-    if not (isinstance(logits, torch.Tensor) and logits.is_floating_point() and isinstance(labels, torch.Tensor)):
+    if not (isinstance(logits, torch.Tensor) and logits.is_floating_point()
+            and isinstance(labels, torch.Tensor)):
         kind = lambda t: f"{t.dtype} tensor" if isinstance(t, torch.Tensor) else type(t).__name__
-        raise TypeError(f"logits must be a float tensor and labels a tensor, got {kind(logits)} and {kind(labels)}")
+        raise TypeError(f"logits must be a float tensor and labels a tensor, got {kind(logits)} "
+                        f"and {kind(labels)}")
     if logits.dim() != 3 or labels.shape != logits.shape[:2]:
         raise ValueError(f"logits must be (B, T, V) and labels (B, T); got {tuple(logits.shape)} "
                          f"and {tuple(labels.shape)}")
     if labels.dtype not in (torch.int64, torch.int32):
         raise TypeError(f"labels must hold integer ids, got dtype {labels.dtype}")
-    if torch.compiler.is_compiling() or (labels.is_cuda and torch.cuda.is_current_stream_capturing()):
+    capturing = labels.is_cuda and torch.cuda.is_current_stream_capturing()
+    if torch.compiler.is_compiling() or capturing:
         return  # a value check is a host sync, which a captured or compiled step cannot hold
     bad = (labels >= logits.shape[-1]) | ((labels < 0) & (labels != IGNORE))  # (B, T)
     if bool(bad.any()):
-        raise ValueError(f"labels must be token ids in [0, {logits.shape[-1]}) (the logits' V) or IGNORE "
-                         f"({IGNORE}), got {labels[bad][0].item()}")
+        raise ValueError(f"labels must be token ids in [0, {logits.shape[-1]}) (the logits' V) "
+                         f"or IGNORE ({IGNORE}), got {labels[bad][0].item()}")
 
 
 def _shifted(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -84,7 +88,8 @@ def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, *, label_smoothin
         1.6094
     """
     _check_pair(logits, labels)
-    if isinstance(label_smoothing, bool) or not (isinstance(label_smoothing, Real) and 0 <= label_smoothing < 1):
+    smoothing = label_smoothing
+    if isinstance(smoothing, bool) or not (isinstance(smoothing, Real) and 0 <= smoothing < 1):
         raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing!r}")
     if reduction not in REDUCTIONS:
         raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")

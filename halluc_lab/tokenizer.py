@@ -92,7 +92,8 @@ class Tokenizer:
         if isinstance(text, str):
             return [self.token_id(p) for p in text.split()]
         if not isinstance(text, Iterable) or isinstance(text, (bytes, Mapping)):
-            raise TypeError(f"text must be a str or a sequence of symbol strings, got {type(text).__name__}")
+            kind = type(text).__name__
+            raise TypeError(f"text must be a str or a sequence of symbol strings, got {kind}")
         parts = list(text)
         if bad := [p for p in parts if not isinstance(p, str)]:
             raise TypeError(f"text must be a str or a sequence of symbol strings; it holds "
@@ -105,7 +106,7 @@ class Tokenizer:
         if isinstance(ids, (str, bytes)) or not isinstance(ids, Iterable):
             raise TypeError(f"ids must be a sequence of int token ids, got {type(ids).__name__}")
         for i in ids:
-            if type(i) is not int:  # int(2.7) would be 2, int(True) 1: a float or bool id is a caller's bug
+            if type(i) is not int:  # int(2.7) is 2, int(True) 1: a float or bool id is a bug
                 i = _token_id(i)
             if not 0 <= i < n:
                 raise ValueError(f"token id {i} out of range [0, {n})")
@@ -183,8 +184,9 @@ class Tokenizer:
 
 
 def _token_id(i: object) -> int:
-    """``i`` as an int: a Python or numpy integer, or an integer tensor of one element; TypeError otherwise."""
-    if hasattr(i, "dtype") and getattr(i, "ndim", 1) == 0 and not getattr(i.dtype, "is_floating_point", True):
+    """``i`` as an int: a Python or numpy integer, or a 0-d integer tensor; TypeError otherwise."""
+    floating = getattr(getattr(i, "dtype", None), "is_floating_point", True)
+    if getattr(i, "ndim", 1) == 0 and not floating:
         i = i.item()  # a 0-d integer torch tensor, as iterating a tensor of ids gives
     if isinstance(i, bool) or not isinstance(i, Integral):
         raise TypeError(f"ids must be int token ids, got {type(i).__name__} {i!r}")

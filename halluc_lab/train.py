@@ -77,7 +77,7 @@ class TrainConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, Integral) or v < low:
                 raise ValueError(f"{name} must be an int >= {low}, got {v!r}")
-            object.__setattr__(self, name, int(v))  # a numpy integer becomes the int a cache key can hold
+            object.__setattr__(self, name, int(v))  # a numpy integer: the int a cache key holds
         if self.warmup_steps >= self.steps:
             raise ValueError(f"warmup_steps must be < steps ({self.steps}), got {self.warmup_steps}")
         for name, low, what in (("lr", 0, "a finite number > 0"), ("eps", 0, "a finite number > 0"),

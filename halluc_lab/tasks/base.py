@@ -152,12 +152,12 @@ def check_lengths(prompts: Sequence, completions: Sequence) -> None:
 
 
 def reward_values(reward: Callable, prompts: Sequence, completions: Sequence) -> list[float]:
-    """``reward(prompts, completions)`` as floats, checked where rewards enter training: one real, finite
-    number per completion, or an error naming the reward function, the index and the type (``float`` alone
-    would turn a string ``"1"`` into 1.0 and a None into a TypeError that names nothing)."""
+    """``reward(prompts, completions)`` as floats, checked where rewards enter training: one real,
+    finite number per completion, or an error naming the reward function, the index and the type
+    (``float`` alone would turn a string ``"1"`` into 1.0, and a None into an unnamed TypeError)."""
     values = reward(prompts, completions)
     name = getattr(reward, "__qualname__", type(reward).__qualname__)
-    values = values.tolist() if hasattr(values, "tolist") else values  # a tensor or an array of rewards
+    values = values.tolist() if hasattr(values, "tolist") else values  # a tensor or an array
     if isinstance(values, (str, bytes, Mapping)) or not isinstance(values, Iterable):
         raise TypeError(f"reward {name} must return one finite number per completion, got "
                         f"{type(values).__name__}")
@@ -167,10 +167,11 @@ def reward_values(reward: Callable, prompts: Sequence, completions: Sequence) ->
                          f"({len(completions)}), got {len(values)} values")
     for i, v in enumerate(values):
         if isinstance(v, bool) or not isinstance(v, Real):
-            raise TypeError(f"reward {name} must return one finite number per completion; value {i} is "
-                            f"{type(v).__name__} {v!r}")
+            raise TypeError(f"reward {name} must return one finite number per completion; "
+                            f"value {i} is {type(v).__name__} {v!r}")
         if not math.isfinite(v):
-            raise ValueError(f"reward {name} must return one finite number per completion; value {i} is {v!r}")
+            raise ValueError(f"reward {name} must return one finite number per completion; "
+                             f"value {i} is {v!r}")
     return [float(v) for v in values]
 
 

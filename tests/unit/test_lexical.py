@@ -557,5 +557,6 @@ def test_nan_and_non_numbers_are_refused_by_name(call, match):
 def test_numpy_integers_are_accepted_where_python_ints_are():
     assert reciprocal_rank_fusion([["a"]], k=np.int64(60)) == reciprocal_rank_fusion([["a"]], k=60)
     sents, vocab = [["a", "b"]], ["a", "b"]
-    assert (cooccurrence_counts(sents, vocab, window=np.int64(1)) == cooccurrence_counts(sents, vocab)).all()
+    want = cooccurrence_counts(sents, vocab)
+    assert (cooccurrence_counts(sents, vocab, window=np.int64(1)) == want).all()
     assert type(precision_recall_f1(np.int64(3), 1, 2).precision) is float

@@ -286,6 +286,7 @@ def test_numpy_integer_sizes_are_accepted_where_python_ints_are():
 
     rewards = torch.tensor([1.0, 0.0, 1.0, 1.0])
     torch.testing.assert_close(group_advantages(rewards, np.int64(2)), group_advantages(rewards, 2))
-    logp, mask, adv = torch.zeros(2, 3), torch.ones(2, 3, dtype=torch.bool), torch.tensor([1.0, -1.0])
+    logp, mask = torch.zeros(2, 3), torch.ones(2, 3, dtype=torch.bool)
+    adv = torch.tensor([1.0, -1.0])
     torch.testing.assert_close(dr_grpo_loss(logp, logp, adv, mask, max_tokens=np.int64(4)),
                                dr_grpo_loss(logp, logp, adv, mask, max_tokens=4))

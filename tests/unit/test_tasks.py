@@ -355,7 +355,7 @@ def test_the_implied_answer_needs_a_scratchpad_task():
         Arithmetic(ArithmeticConfig(max_digits=2)).implied_answer("4 2")
 
 
-# -- a reward function's values, checked where they enter training -----------------------------------
+# -- a reward function's values, checked where they enter training ---------------------------
 def strings(p, c):
     return ["1"] * len(c)
 
@@ -382,6 +382,7 @@ def test_reward_values_accept_numpy_and_tensor_numbers_as_floats():
 
     from halluc_lab.tasks.base import reward_values
 
-    for values in ([np.int64(1), np.float32(0.5)], np.array([1, 0.5]), torch.tensor([1.0, 0.5]), (1, 0.5)):
+    as_lists = ([np.int64(1), np.float32(0.5)], (1, 0.5))
+    for values in (*as_lists, np.array([1, 0.5]), torch.tensor([1.0, 0.5])):
         out = reward_values(lambda p, c, v=values: v, [[1], [1]], [[5], [6]])
         assert out == [1.0, 0.5] and all(type(r) is float for r in out)

@@ -310,8 +310,9 @@ def test_graphs_run_a_body_eagerly_each_time_or_capture_it_once_by_name(monkeypa
 
 
 @pytest.mark.parametrize("field, value", [
-    (field, value) for field in ("lr", "eps", "weight_decay", "grad_clip", "betas", "steps", "log_every")
-    for value in (None, "1e-3", True) if (field, value) != ("grad_clip", None)])  # None: no clipping
+    (field, value) for field in ("lr", "eps", "weight_decay", "grad_clip", "betas", "steps",
+                                 "log_every")
+    for value in (None, "1e-3", True) if (field, value) != ("grad_clip", None)])  # None: no clip
 def test_config_fields_of_the_wrong_type_are_named_with_their_range(field, value):
     with pytest.raises(ValueError, match=rf"^{field} must be .*(>|in \[0, 1\)).*, got {value!r}"):
         TrainConfig(**{field: value})
@@ -322,7 +323,8 @@ def test_config_accepts_numpy_numbers_and_holds_them_as_python_numbers():
 
     from halluc_lab.train import lr_at
 
-    cfg = TrainConfig(steps=np.int64(10), warmup_steps=np.int32(2), lr=np.float32(0.5), betas=(np.float64(0.9), 0.95))
-    assert cfg == TrainConfig(steps=10, warmup_steps=2, lr=float(np.float32(0.5)), betas=(0.9, 0.95))
+    cfg = TrainConfig(steps=np.int64(10), warmup_steps=np.int32(2), lr=np.float32(0.5),
+                      betas=(np.float64(0.9), 0.95))
+    assert cfg == TrainConfig(steps=10, warmup_steps=2, lr=0.5, betas=(0.9, 0.95))
     assert type(cfg.steps) is int and type(cfg.lr) is float and type(cfg.betas[0]) is float
     assert lr_at(np.int64(1), cfg) == lr_at(1, cfg)
