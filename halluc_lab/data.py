@@ -98,7 +98,7 @@ def encode_document(tok: Tokenizer, document: str) -> Encoded:
 
 # -- batching: padding and packing (000 §5.7, 002 "Padding") ----------------------------------------
 def _check_seqs(seqs: Sequence[Encoded], pad_id: int) -> int:
-    """The longest sequence's length; raise for no sequences, a non-Encoded one or a bad ``pad_id``."""
+    """The longest sequence's length; raise for no sequences, a non-Encoded one or a bad pad_id."""
     if not seqs:
         raise ValueError("seqs must not be empty")
     if bad := [i for i, s in enumerate(seqs) if not isinstance(s, Encoded)]:
@@ -190,7 +190,8 @@ def batches(rows: Batch, batch_size: int, seed: int) -> Callable[[int], Batch]:
     a resumed run sees exactly the data it would have seen (:mod:`halluc_lab.train`).
     """
     n = rows.input_ids.shape[0]
-    if isinstance(batch_size, bool) or not isinstance(batch_size, Integral) or not 1 <= batch_size <= n:
+    size = batch_size
+    if isinstance(size, bool) or not isinstance(size, Integral) or not 1 <= size <= n:
         raise ValueError(f"batch_size must be an int in [1, {n}] (the number of rows), got {batch_size!r}")
     batch_size, seed = int(batch_size), _check_int("seed", seed)
     per_epoch = n // batch_size
@@ -217,7 +218,7 @@ def prompt_rounds(n: int, per_round: int, generator: torch.Generator) -> Iterato
     >>> sorted(next(rounds) + next(rounds)[:1])
     [0, 1, 2]
     """
-    n, per_round = _check_int("n", n, 1), _check_int("per_round", per_round, 1)  # n = 0: an endless loop
+    n, per_round = _check_int("n", n, 1), _check_int("per_round", per_round, 1)  # n = 0: endless
     order: list[int] = []
     while True:
         while len(order) < per_round:
