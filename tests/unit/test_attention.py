@@ -278,8 +278,8 @@ def test_fused_attention_on_cuda_agrees_with_the_reference(dtype, tol):
 @pytest.mark.parametrize("kwargs, error, match", [
     ({"d_model": True, "n_heads": 1}, ValueError, "d_model must be a positive int"),
     ({"d_model": 8, "n_heads": 2, "head_dim": 2.5}, ValueError, "head_dim must be a positive int"),
-    ({"d_model": 8, "n_heads": 2, "n_kv_heads": "1"}, ValueError, "n_kv_heads must be a positive int"),
-    ({"d_model": 8, "n_heads": 2, "n_kv_heads": 0}, ValueError, "n_kv_heads must be a positive int"),
+    ({"d_model": 8, "n_heads": 2, "n_kv_heads": "1"}, ValueError, "n_kv_heads must be a positive"),
+    ({"d_model": 8, "n_heads": 2, "n_kv_heads": 0}, ValueError, "n_kv_heads must be a positive"),
     ({"d_model": 8, "n_heads": 2, "fast": "no"}, TypeError, "fast must be a bool"),
 ])
 def test_attention_config_names_a_bad_field(kwargs, error, match):
