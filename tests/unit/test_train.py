@@ -328,3 +328,11 @@ def test_config_accepts_numpy_numbers_and_holds_them_as_python_numbers():
     assert cfg == TrainConfig(steps=10, warmup_steps=2, lr=0.5, betas=(0.9, 0.95))
     assert type(cfg.steps) is int and type(cfg.lr) is float and type(cfg.betas[0]) is float
     assert lr_at(np.int64(1), cfg) == lr_at(1, cfg)
+
+
+def test_next_token_loss_accepts_a_numpy_smoothing_and_refuses_a_bool():
+    import numpy as np
+
+    assert NextTokenLoss(np.float32(0.1)).label_smoothing == np.float32(0.1)
+    with pytest.raises(ValueError, match="label_smoothing"):
+        NextTokenLoss(True)
