@@ -32,8 +32,8 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterable, Mapping, Sequence
-from numbers import Integral
 from functools import cache
+from numbers import Integral
 
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<bksp>", "<abstain>")
 PAD, BOS, EOS, BKSP, ABSTAIN = SPECIAL_TOKENS
