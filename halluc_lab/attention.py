@@ -208,16 +208,19 @@ class AttentionConfig:
     fast: bool = True  # use fused_attention (PyTorch's kernel); False = the readable reference
 
     def __post_init__(self) -> None:
-        for name in ("d_model", "n_heads"):
+        for name in ("d_model", "n_heads", "n_kv_heads", "head_dim"):
             value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
+            if value is None and name in ("n_kv_heads", "head_dim"):
+                continue
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
-        if self.n_kv_heads is not None and (self.n_kv_heads < 1 or self.n_heads % self.n_kv_heads):
+            object.__setattr__(self, name, int(value))  # a numpy integer: a plain int
+        if not isinstance(self.fast, bool):
+            raise TypeError(f"fast must be a bool, got {type(self.fast).__name__} {self.fast!r}")
+        if self.n_kv_heads is not None and self.n_heads % self.n_kv_heads:
             raise ValueError(f"n_kv_heads must divide n_heads={self.n_heads}, got {self.n_kv_heads}")
         if self.head_dim is None and self.d_model % self.n_heads:
             raise ValueError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}; give head_dim")
-        if self.head_dim is not None and self.head_dim < 1:
-            raise ValueError(f"head_dim must be a positive int, got {self.head_dim!r}")
 
     @property
     def kv_heads(self) -> int:

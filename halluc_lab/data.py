@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from numbers import Integral
 
 import torch
 
@@ -34,6 +35,11 @@ class Encoded:
 
     ids: tuple[int, ...]  # <bos> ... <eos>
     labels: tuple[int, ...]  # same length; IGNORE where there is no loss
+
+    def __post_init__(self):
+        if len(self.ids) != len(self.labels):
+            raise ValueError(f"labels must have one entry per id: {len(self.ids)} ids, "
+                             f"{len(self.labels)} labels")
 
 
 @dataclass(frozen=True)
@@ -91,21 +97,41 @@ def encode_document(tok: Tokenizer, document: str) -> Encoded:
 
 
 # -- batching: padding and packing (000 §5.7, 002 "Padding") ----------------------------------------
-def _check_seqs(seqs: Sequence[Encoded]) -> int:
-    """The longest sequence's length; raise for an empty list."""
+def _check_seqs(seqs: Sequence[Encoded], pad_id: int) -> int:
+    """The longest sequence's length; raise for no sequences, a non-Encoded one or a bad pad_id."""
     if not seqs:
         raise ValueError("seqs must not be empty")
+    if bad := [i for i, s in enumerate(seqs) if not isinstance(s, Encoded)]:
+        kind = type(seqs[bad[0]]).__name__
+        raise TypeError(f"seqs must hold Encoded sequences; seqs[{bad[0]}] is {kind}")
+    _check_int("pad_id", pad_id)
     return max(len(s.ids) for s in seqs)
+
+
+def _check_int(name: str, value: object, low: int = 0) -> int:
+    """``value`` as an int (numpy integers too), or a ValueError naming it and the bound."""
+    if isinstance(value, bool) or not isinstance(value, Integral) or value < low:
+        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+    return int(value)
+
+
+def _ids_tensor(rows: list[list[int]], what: str) -> torch.Tensor:
+    """``rows`` as a (B, T) int64 tensor; a ValueError if they hold anything but integers."""
+    t = torch.tensor(rows)
+    if t.dtype != torch.long:
+        raise ValueError(f"{what} must be integer token ids, got {t.dtype} values")
+    return t
 
 
 def pad(seqs: Sequence[Encoded], pad_id: int, length: int | None = None) -> Batch:
     """One sequence per row, right-padded with ``pad_id`` (labels IGNORE on padding)."""
-    longest = _check_seqs(seqs)
-    length = longest if length is None else length
+    longest = _check_seqs(seqs, pad_id)
+    length = longest if length is None else _check_int("length", length, 1)
     if length < longest:
         raise ValueError(f"length must be >= the longest sequence ({longest}), got {length}")
-    ids = torch.tensor([list(s.ids) + [pad_id] * (length - len(s.ids)) for s in seqs])  # (B, T)
-    labels = torch.tensor([list(s.labels) + [IGNORE] * (length - len(s.ids)) for s in seqs])  # (B, T)
+    fill = lambda s: length - len(s.ids)
+    ids = _ids_tensor([list(s.ids) + [pad_id] * fill(s) for s in seqs], "ids")  # (B, T)
+    labels = _ids_tensor([list(s.labels) + [IGNORE] * fill(s) for s in seqs], "labels")  # (B, T)
     return Batch(ids, labels)
 
 
@@ -122,7 +148,7 @@ def pack(seqs: Sequence[Encoded], length: int, pad_id: int) -> Batch:
     fits is the first existing one that does, or else the next new row — a full-scale corpus of
     ~200,000 documents packs in seconds, where scanning the open rows took the better part of a minute.
     """
-    longest = _check_seqs(seqs)
+    longest, length = _check_seqs(seqs, pad_id), _check_int("length", length, 1)
     if longest > length:
         raise ValueError(f"length must be >= the longest sequence ({longest}), got {length}")
     size = 1 << max(1, (len(seqs) - 1).bit_length())  # leaves: rows 0 .. size − 1
@@ -153,8 +179,8 @@ def pack(seqs: Sequence[Encoded], length: int, pad_id: int) -> Batch:
         labels.append(r_lab + [IGNORE] * n_pad)
         pos.append(r_pos + list(range(n_pad)))  # padding: harmless positions, no loss
         seg.append(r_seg + [0] * n_pad)
-    as_tensor = lambda x: torch.tensor(x, dtype=torch.long)  # (B, T)
-    return Batch(as_tensor(ids), as_tensor(labels), as_tensor(pos), as_tensor(seg))
+    ids, labels = _ids_tensor(ids, "ids"), _ids_tensor(labels, "labels")  # (B, T)
+    return Batch(ids, labels, torch.tensor(pos), torch.tensor(seg))
 
 
 def batches(rows: Batch, batch_size: int, seed: int) -> Callable[[int], Batch]:
@@ -164,8 +190,10 @@ def batches(rows: Batch, batch_size: int, seed: int) -> Callable[[int], Batch]:
     a resumed run sees exactly the data it would have seen (:mod:`halluc_lab.train`).
     """
     n = rows.input_ids.shape[0]
-    if not isinstance(batch_size, int) or not 1 <= batch_size <= n:
+    size = batch_size
+    if isinstance(size, bool) or not isinstance(size, Integral) or not 1 <= size <= n:
         raise ValueError(f"batch_size must be an int in [1, {n}] (the number of rows), got {batch_size!r}")
+    batch_size, seed = int(batch_size), _check_int("seed", seed)
     per_epoch = n // batch_size
 
     @lru_cache(maxsize=2)
@@ -174,7 +202,7 @@ def batches(rows: Batch, batch_size: int, seed: int) -> Callable[[int], Batch]:
         return torch.randperm(n, generator=g).to(rows.input_ids.device)  # (N,)
 
     def get(step: int) -> Batch:
-        epoch, k = divmod(step, per_epoch)
+        epoch, k = divmod(_check_int("step", step), per_epoch)
         return rows[order(epoch)[k * batch_size:(k + 1) * batch_size]]
 
     return get
@@ -190,6 +218,7 @@ def prompt_rounds(n: int, per_round: int, generator: torch.Generator) -> Iterato
     >>> sorted(next(rounds) + next(rounds)[:1])
     [0, 1, 2]
     """
+    n, per_round = _check_int("n", n, 1), _check_int("per_round", per_round, 1)  # n = 0: endless
     order: list[int] = []
     while True:
         while len(order) < per_round:

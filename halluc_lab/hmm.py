@@ -132,9 +132,11 @@ def sample(hmm: HMM, n_sentences: int, length: int, seed: int) -> list[TaggedSen
         >>> len(words) == len(tags) == 4
         True
     """
-    for name, value in (("n_sentences", n_sentences), ("length", length)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    # a seed of None would give numpy's unseeded generator: other sentences at every call
+    for name, value, low in (("n_sentences", n_sentences, 1), ("length", length, 1),
+                             ("seed", seed, 0)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+            raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
     rng = np.random.default_rng(seed)
     tags = np.empty((n_sentences, length), dtype=np.int64)
     words = np.empty((n_sentences, length), dtype=np.int64)

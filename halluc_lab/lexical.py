@@ -62,6 +62,14 @@ def _check_count(name: str, value: int) -> None:
         raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
 
 
+def _check_tokens(name: str, tokens: object, what: str = "tokens") -> None:
+    """TypeError unless ``tokens`` is a sequence of items: a str would be read letter by letter."""
+    if isinstance(tokens, (str, bytes)) or not isinstance(tokens, Iterable):
+        kind = type(tokens).__name__
+        got = "a str, read letter by letter" if isinstance(tokens, (str, bytes)) else kind
+        raise TypeError(f"{name} must be a sequence of {what}, got {got}")
+
+
 def precision_recall_f1(tp: int, fp: int, fn: int, *, zero_division: float = 0.0) -> PRF:
     """Precision, recall and F1 from counts; a 0/0 gives ``zero_division``.
 
@@ -71,13 +79,15 @@ def precision_recall_f1(tp: int, fp: int, fn: int, *, zero_division: float = 0.0
         _check_count(name, value)
 
     def ratio(num: int, den: int) -> float:
-        return num / den if den else float(zero_division)
+        return float(num / den) if den else float(zero_division)
     return PRF(ratio(tp, tp + fp), ratio(tp, tp + fn), ratio(2 * tp, 2 * tp + fp + fn))
 
 
 def precision_recall_f1_sets(predicted: Iterable[Hashable], relevant: Iterable[Hashable], *,
                              zero_division: float = 0.0) -> PRF:
     """Precision, recall and F1 of a predicted set against the relevant set."""
+    _check_tokens("predicted", predicted, "items")
+    _check_tokens("relevant", relevant, "items")
     pred, rel = set(predicted), set(relevant)
     return precision_recall_f1(len(pred & rel), len(pred - rel), len(rel - pred), zero_division=zero_division)
 
@@ -168,8 +178,11 @@ def cooccurrence_counts(sentences: Sequence[Sequence[Hashable]], vocab: Sequence
 
     Pairs never cross a sentence boundary (004's table counts "mat" → "the" zero times).
     """
-    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+    if isinstance(window, bool) or not isinstance(window, (int, np.integer)) or window < 1:
         raise ValueError(f"window must be an integer >= 1, got {window!r}")
+    _check_tokens("sentences", sentences, "sentences")
+    for i, sentence in enumerate(sentences):
+        _check_tokens(f"sentences[{i}]", sentence)
     index = {w: i for i, w in enumerate(vocab)}
     counts = np.zeros((len(vocab), len(vocab)), dtype=np.int64)
     for sentence in sentences:
@@ -201,9 +214,10 @@ def pmi(counts: np.ndarray, *, add_k: float = 0.0, context_alpha: float = 1.0) -
     Example: ``pmi([[1, 0], [0, 1]])`` → [[log 2, −inf], [−inf, log 2]].
     """
     c = _check_counts(counts, 2)
-    if not (math.isfinite(add_k) and add_k >= 0):
+    real = lambda x: isinstance(x, Real) and not isinstance(x, bool)
+    if not (real(add_k) and math.isfinite(add_k) and add_k >= 0):
         raise ValueError(f"add_k must be finite and >= 0, got {add_k!r}")
-    if not 0 < context_alpha <= 1:
+    if not (real(context_alpha) and 0 < context_alpha <= 1):
         raise ValueError(f"context_alpha must be in (0, 1], got {context_alpha!r}")
     c = c + add_k
     total = c.sum()
@@ -229,6 +243,9 @@ def ppmi(counts: np.ndarray, *, add_k: float = 0.0, context_alpha: float = 1.0) 
 
 def term_counts(docs: Sequence[Sequence[Hashable]]) -> tuple[np.ndarray, list[Hashable]]:
     """Counts f[d, t] (D, V) of each term in each document, and the sorted vocabulary."""
+    _check_tokens("docs", docs, "documents")
+    for i, doc in enumerate(docs):
+        _check_tokens(f"docs[{i}]", doc)
     if len(docs) == 0:
         raise ValueError("docs is empty: a corpus needs at least one document")
     vocab = sorted({t for doc in docs for t in doc})
@@ -322,6 +339,8 @@ def idf_robertson(df: np.ndarray, n_docs: int) -> np.ndarray:
 def idf_okapi(df: np.ndarray, n_docs: int, epsilon: float = 0.25) -> np.ndarray:
     """rank-bm25's BM25Okapi idf: Robertson's, with each negative value replaced by ε × the mean idf."""
     idf = idf_robertson(df, n_docs)
+    if isinstance(epsilon, bool) or not isinstance(epsilon, Real) or not math.isfinite(epsilon):
+        raise ValueError(f"epsilon must be a finite number, got {epsilon!r}")
     return np.where(idf < 0, epsilon * idf.mean(), idf)
 
 
@@ -368,6 +387,8 @@ def bm25_scores(query: Sequence[Hashable], corpus: Sequence[Sequence[Hashable]],
     from the corpus add 0.
     """
     check_bm25_parameters(k1, b)
+    _check_tokens("query", query)
+    _check_tokens("corpus", corpus, "documents")
     counts, vocab = term_counts(corpus)  # (D, V)
     lengths = counts.sum(axis=1).astype(np.float64)  # (D,)
     if lengths.sum() == 0:
@@ -389,6 +410,8 @@ def top_k(scores: np.ndarray, k: int) -> list[tuple[int, float]]:
     """The k best (index, score) pairs, highest first; ties go to the lower index."""
     check_k(k)
     s = np.asarray(scores, dtype=np.float64)
+    if s.ndim != 1 or np.isnan(s).any():
+        raise ValueError(f"scores must be a 1-D array without NaN, got shape {s.shape}")
     order = np.argsort(-s, kind="stable")[:k]
     return [(int(i), float(s[i])) for i in order]
 
@@ -410,12 +433,14 @@ def reciprocal_rank_fusion(rankings: Sequence[Sequence[Hashable]], *,
     Sums use math.fsum, so equal sets of ranks tie exactly. Example:
     ``reciprocal_rank_fusion([["a", "b"], ["b"]])`` → [("b", 1/62 + 1/61), ("a", 1/61)].
     """
-    if isinstance(k, bool) or not isinstance(k, (int, float)) or not (math.isfinite(k) and k > 0):
+    if isinstance(k, bool) or not isinstance(k, Real) or not (math.isfinite(k) and k > 0):
         raise ValueError(f"k must be finite and > 0, got {k!r}")
+    _check_tokens("rankings", rankings, "rankings")
     if len(rankings) == 0:
         raise ValueError("rankings is empty: nothing to fuse")
     parts: dict[Hashable, list[float]] = {}
     for n, ranking in enumerate(rankings):
+        _check_tokens(f"rankings[{n}]", ranking, "items")
         if len(set(ranking)) != len(ranking):
             raise ValueError(f"ranking {n} lists an item twice")
         for rank, item in enumerate(ranking, start=1):

@@ -21,13 +21,19 @@ Departures: a mean over zero target tokens is undefined (PyTorch returns NaN); h
 error, so a batch with no targets is noticed instead of silently training on nothing. The
 preference and policy-gradient losses check shapes and their scalar settings (β, ε, γ, λ) but not
 the values inside their tensors: such a check would make the host wait for the device at every
-step, and break a step captured as a CUDA graph.
+step, and break a step captured as a CUDA graph. Labels are the exception: an id outside [0, V)
+would be a raw IndexError (a device-side assert on a GPU) or, below 0, silently read as id 0, so
+the functions that take labels check them by value on the CPU. On a GPU they do not: the check
+would make the host wait for the device at every eager call (RLVR's and PPO's rounds make many),
+and a captured or compiled step cannot hold it. There the rows were checked where they were built
+(:mod:`halluc_lab.data` refuses ids that are not integers), and an id of V or more still stops the
+step with PyTorch's device-side assert.
 """
 
 from __future__ import annotations
 
 import math
-from numbers import Real
+from numbers import Integral, Real
 from typing import NamedTuple
 
 import torch
@@ -38,11 +44,22 @@ REDUCTIONS = ("mean", "sum", "none")
 
 
 def _check_pair(logits: torch.Tensor, labels: torch.Tensor) -> None:
+    if not (isinstance(logits, torch.Tensor) and logits.is_floating_point()
+            and isinstance(labels, torch.Tensor)):
+        kind = lambda t: f"{t.dtype} tensor" if isinstance(t, torch.Tensor) else type(t).__name__
+        raise TypeError(f"logits must be a float tensor and labels a tensor, got {kind(logits)} "
+                        f"and {kind(labels)}")
     if logits.dim() != 3 or labels.shape != logits.shape[:2]:
         raise ValueError(f"logits must be (B, T, V) and labels (B, T); got {tuple(logits.shape)} "
                          f"and {tuple(labels.shape)}")
     if labels.dtype not in (torch.int64, torch.int32):
         raise TypeError(f"labels must hold integer ids, got dtype {labels.dtype}")
+    if labels.device.type != "cpu" or torch.compiler.is_compiling():
+        return  # on a GPU a value check is a host sync: RL's eager rounds would wait at every call
+    bad = (labels >= logits.shape[-1]) | ((labels < 0) & (labels != IGNORE))  # (B, T)
+    if bool(bad.any()):
+        raise ValueError(f"labels must be token ids in [0, {logits.shape[-1]}) (the logits' V) "
+                         f"or IGNORE ({IGNORE}), got {labels[bad][0].item()}")
 
 
 def _shifted(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -71,7 +88,8 @@ def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, *, label_smoothin
         1.6094
     """
     _check_pair(logits, labels)
-    if not (isinstance(label_smoothing, (int, float)) and 0.0 <= label_smoothing < 1.0):
+    smoothing = label_smoothing
+    if isinstance(smoothing, bool) or not (isinstance(smoothing, Real) and 0 <= smoothing < 1):
         raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing!r}")
     if reduction not in REDUCTIONS:
         raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
@@ -319,7 +337,7 @@ def group_advantages(rewards: torch.Tensor, group_size: int, *, scale: bool = Tr
     if not isinstance(rewards, torch.Tensor) or rewards.dim() != 1 or rewards.numel() == 0:
         got = tuple(rewards.shape) if isinstance(rewards, torch.Tensor) else type(rewards).__name__
         raise ValueError(f"rewards must be a non-empty 1-D tensor (N,), got {got}")
-    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 2:
+    if isinstance(group_size, bool) or not isinstance(group_size, Integral) or group_size < 2:
         raise ValueError(f"a group baseline needs at least 2 samples: group_size must be an int >= 2, got {group_size!r}")
     if rewards.numel() % group_size:
         raise ValueError(f"{rewards.numel()} rewards do not split into groups of {group_size}")
@@ -410,7 +428,7 @@ def dr_grpo_loss(logp: torch.Tensor, logp_old: torch.Tensor, advantages: torch.T
     >>> dr_grpo_loss(torch.zeros(2, 3), torch.zeros(2, 3), torch.tensor([1.0, -1.0]), mask, max_tokens=4)  # (−1 + 3) / 8
     tensor(0.2500)
     """
-    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, Integral) or max_tokens < 1:
         raise ValueError(f"max_tokens must be an int >= 1 (the generation budget), got {max_tokens!r}")
     per_token = _pg_token_loss(logp, logp_old, advantages, mask, clip, None, kl, beta)
     return per_token.sum() / (logp.shape[0] * max_tokens)

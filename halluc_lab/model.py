@@ -89,8 +89,9 @@ class ModelConfig:
         for name in ("vocab_size", "hidden_size", "n_layers", "n_heads", "n_kv_heads",
                      "intermediate_size", "max_positions"):
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
+            object.__setattr__(self, name, int(value))  # a numpy integer: the int a cache key holds
         if self.hidden_size % self.n_heads:
             raise ValueError(f"hidden_size={self.hidden_size} must be divisible by n_heads={self.n_heads}")
         if self.n_heads % self.n_kv_heads:

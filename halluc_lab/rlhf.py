@@ -58,7 +58,7 @@ from halluc_lab.recipe import Stage
 from halluc_lab.reward_model import (AgreeableAnnotator, BradleyTerryLoss, LearnedReward, PreferencePairs, Reward,
                                      RewardModel, SampleGroups, VerifierReward, build_pairs, check_rate, sample_groups)
 from halluc_lab.step import Graphs, autocast, make_optimizer
-from halluc_lab.tasks.base import check_count, make_task
+from halluc_lab.tasks.base import check_count, make_task, reward_values
 from halluc_lab.train import History, TrainConfig, train
 
 
@@ -218,10 +218,7 @@ def ppo(policy: nn.Module, reference: nn.Module, value: RewardModel, prompts: Se
         policy.eval()
         completions = generate(policy, [prompts[i] for i in todo], cfg.max_new_tokens, stop_tokens=stop_tokens,
                                generator=sample_g, n_samples=cfg.samples_per_prompt, dtype=autocast_dtype).token_lists()
-        scores = [float(r) for r in reward(repeated, completions)]
-        if len(scores) != len(completions) or not all(math.isfinite(r) for r in scores):
-            raise ValueError(f"reward must return one finite number per completion ({len(completions)}), "
-                             f"got {scores[:8]}")
+        scores = reward_values(reward, repeated, completions)
         batch = rollout_batch(repeated, completions, pad_id)
         grow = width - batch.input_ids.shape[1]
         ids = torch.nn.functional.pad(batch.input_ids, (0, grow), value=pad_id)

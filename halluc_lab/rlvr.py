@@ -55,7 +55,7 @@ from halluc_lab.recipe import Stage
 from halluc_lab.reward_model import Reward, VerifierReward
 from halluc_lab.rlvr_rounds import CapturedUpdate, log_logprobs, pad_flags, round_rows
 from halluc_lab.step import autocast, make_optimizer
-from halluc_lab.tasks.base import check_count, make_task
+from halluc_lab.tasks.base import check_count, make_task, reward_values
 from halluc_lab.tokenizer import Tokenizer
 from halluc_lab.train import History, TrainConfig
 
@@ -313,9 +313,7 @@ def _sample(policy: nn.Module, prompts: list, reward: Reward, cfg: RLVRConfig, t
         while_judging(out)
     out = on_host()  # waits for the copies only
     logs = out.token_lists()
-    scores = [float(r) for r in reward([list(p) for p in prompts for _ in range(G)], logs)]
-    if len(scores) != len(logs) or not all(math.isfinite(r) for r in scores):
-        raise ValueError(f"reward must return one finite number per completion ({len(logs)}), got {scores[:8]}")
+    scores = reward_values(reward, [list(p) for p in prompts for _ in range(G)], logs)
     return RoundSamples(logs, out.sampled_lists(), out.text_lists(), scores)
 
 

@@ -28,6 +28,7 @@ import contextlib
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from numbers import Real
 from typing import Any
 
 import torch
@@ -52,7 +53,8 @@ class NextTokenLoss:
     label_smoothing: float = 0.0  # ε of 004 §3.7
 
     def __post_init__(self):
-        if not (isinstance(self.label_smoothing, (int, float)) and 0.0 <= self.label_smoothing < 1.0):
+        smoothing = self.label_smoothing  # a Real: numpy numbers too, a bool not
+        if isinstance(smoothing, bool) or not (isinstance(smoothing, Real) and 0 <= smoothing < 1):
             raise ValueError(f"label_smoothing must be in [0, 1), got {self.label_smoothing!r}")
 
     def __call__(self, model: nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:

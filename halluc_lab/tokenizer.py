@@ -31,8 +31,9 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from functools import cache
+from numbers import Integral
 
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<bksp>", "<abstain>")
 PAD, BOS, EOS, BKSP, ABSTAIN = SPECIAL_TOKENS
@@ -88,14 +89,25 @@ class Tokenizer:
 
     def encode(self, text: str | Sequence[str]) -> list[int]:
         """Ids of a space-separated string (or a list of symbols); no tokens are added."""
-        parts = text.split() if isinstance(text, str) else list(text)
+        if isinstance(text, str):
+            return [self.token_id(p) for p in text.split()]
+        if not isinstance(text, Iterable) or isinstance(text, (bytes, Mapping)):
+            kind = type(text).__name__
+            raise TypeError(f"text must be a str or a sequence of symbol strings, got {kind}")
+        parts = list(text)
+        if bad := [p for p in parts if not isinstance(p, str)]:
+            raise TypeError(f"text must be a str or a sequence of symbol strings; it holds "
+                            f"{type(bad[0]).__name__} {bad[0]!r}")
         return [self.token_id(p) for p in parts]
 
     def decode(self, ids: Iterable[int], skip_special: bool = False) -> str:
         """The space-separated symbols of ``ids`` (``skip_special`` drops the special tokens)."""
         out, tokens, n = [], self.tokens, len(self.tokens)  # locals: an RL round decodes thousands of answers
+        if isinstance(ids, (str, bytes)) or not isinstance(ids, Iterable):
+            raise TypeError(f"ids must be a sequence of int token ids, got {type(ids).__name__}")
         for i in ids:
-            i = int(i)
+            if type(i) is not int:  # int(2.7) is 2, int(True) 1: a float or bool id is a bug
+                i = _token_id(i)
             if not 0 <= i < n:
                 raise ValueError(f"token id {i} out of range [0, {n})")
             if skip_special and i < len(SPECIAL_TOKENS):
@@ -169,6 +181,16 @@ class Tokenizer:
             return cls(tokens[len(SPECIAL_TOKENS):])
         except ValueError as err:
             raise ValueError(f"{path}: {err}") from None
+
+
+def _token_id(i: object) -> int:
+    """``i`` as an int: a Python or numpy integer, or a 0-d integer tensor; TypeError otherwise."""
+    floating = getattr(getattr(i, "dtype", None), "is_floating_point", True)
+    if getattr(i, "ndim", 1) == 0 and not floating:
+        i = i.item()  # a 0-d integer torch tensor, as iterating a tensor of ids gives
+    if isinstance(i, bool) or not isinstance(i, Integral):
+        raise TypeError(f"ids must be int token ids, got {type(i).__name__} {i!r}")
+    return int(i)
 
 
 @cache

@@ -35,6 +35,7 @@ import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from numbers import Integral, Real
 
 import torch
 from safetensors.torch import load_model, save_model
@@ -74,20 +75,31 @@ class TrainConfig:
         for name, low in (("steps", 1), ("warmup_steps", 0), ("accum_steps", 1), ("checkpoint_every", 0),
                           ("keep_checkpoints", 1), ("log_every", 1)):
             v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < low:
+            if isinstance(v, bool) or not isinstance(v, Integral) or v < low:
                 raise ValueError(f"{name} must be an int >= {low}, got {v!r}")
+            object.__setattr__(self, name, int(v))  # a numpy integer: the int a cache key holds
         if self.warmup_steps >= self.steps:
             raise ValueError(f"warmup_steps must be < steps ({self.steps}), got {self.warmup_steps}")
-        if not (self.lr > 0 and math.isfinite(self.lr)):
-            raise ValueError(f"lr must be a positive finite number, got {self.lr!r}")
-        if not all(0.0 <= b < 1.0 for b in self.betas) or len(self.betas) != 2:
-            raise ValueError(f"betas must be two numbers in [0, 1), got {self.betas!r}")
-        if not (self.eps > 0 and math.isfinite(self.eps)):
-            raise ValueError(f"eps must be a positive finite number, got {self.eps!r}")
-        if not (self.weight_decay >= 0 and math.isfinite(self.weight_decay)):
-            raise ValueError(f"weight_decay must be a finite number >= 0, got {self.weight_decay!r}")
-        if self.grad_clip is not None and not (self.grad_clip > 0 and math.isfinite(self.grad_clip)):
-            raise ValueError(f"grad_clip must be a positive finite number or None, got {self.grad_clip!r}")
+        for name, low, what in (("lr", 0, "a finite number > 0"), ("eps", 0, "a finite number > 0"),
+                                ("weight_decay", None, "a finite number >= 0"),
+                                ("grad_clip", 0, "a finite number > 0 or None")):
+            v = getattr(self, name)
+            if v is None and name == "grad_clip":
+                continue
+            if isinstance(v, bool) or not isinstance(v, Real) or not (
+                    math.isfinite(v) and (v >= 0 if low is None else v > low)):
+                raise ValueError(f"{name} must be {what}, got {v!r}")
+            object.__setattr__(self, name, _plain(v))
+        betas = self.betas
+        if not (isinstance(betas, (tuple, list)) and len(betas) == 2 and all(
+                isinstance(b, Real) and not isinstance(b, bool) and 0 <= b < 1 for b in betas)):
+            raise ValueError(f"betas must be two numbers in [0, 1), got {betas!r}")
+        object.__setattr__(self, "betas", tuple(_plain(b) for b in betas))
+
+
+def _plain(x: Real) -> int | float:
+    """A numpy scalar as the Python float a cache key can hold; a Python int or float unchanged."""
+    return x if type(x) in (int, float) else float(x)
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
@@ -97,7 +109,7 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
     >>> [round(lr_at(t, cfg), 3) for t in (1, 2, 6, 10)]
     [0.5, 1.0, 0.5, 0.0]
     """
-    if not isinstance(step, int) or not 0 <= step <= cfg.steps:
+    if isinstance(step, bool) or not isinstance(step, Integral) or not 0 <= step <= cfg.steps:
         raise ValueError(f"step must be an int in [0, {cfg.steps}], got {step!r}")
     if step <= cfg.warmup_steps and cfg.warmup_steps > 0:  # W = 0: no warmup, the cosine starts at t = 0
         return cfg.lr * step / cfg.warmup_steps

@@ -21,7 +21,7 @@ from __future__ import annotations
 import hashlib
 import math
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from numbers import Real
 
@@ -149,6 +149,30 @@ def check_lengths(prompts: Sequence, completions: Sequence) -> None:
     if len(prompts) != len(completions):
         raise ValueError(f"prompts and completions must have the same length, "
                          f"got {len(prompts)} and {len(completions)}")
+
+
+def reward_values(reward: Callable, prompts: Sequence, completions: Sequence) -> list[float]:
+    """``reward(prompts, completions)`` as floats, checked where rewards enter training: one real,
+    finite number per completion, or an error naming the reward function, the index and the type
+    (``float`` alone would turn a string ``"1"`` into 1.0, and a None into an unnamed TypeError)."""
+    values = reward(prompts, completions)
+    name = getattr(reward, "__qualname__", type(reward).__qualname__)
+    values = values.tolist() if hasattr(values, "tolist") else values  # a tensor or an array
+    if isinstance(values, (str, bytes, Mapping)) or not isinstance(values, Iterable):
+        raise TypeError(f"reward {name} must return one finite number per completion, got "
+                        f"{type(values).__name__}")
+    values = list(values)
+    if len(values) != len(completions):
+        raise ValueError(f"reward {name} must return one finite number per completion "
+                         f"({len(completions)}), got {len(values)} values")
+    for i, v in enumerate(values):
+        if isinstance(v, bool) or not isinstance(v, Real):
+            raise TypeError(f"reward {name} must return one finite number per completion; "
+                            f"value {i} is {type(v).__name__} {v!r}")
+        if not math.isfinite(v):
+            raise ValueError(f"reward {name} must return one finite number per completion; "
+                             f"value {i} is {v!r}")
+    return [float(v) for v in values]
 
 
 def exact_reward(gold: list[str], said: list[str], *, correct_reward: float, abstain_reward: float,

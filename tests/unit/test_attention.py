@@ -273,3 +273,22 @@ def test_fused_attention_on_cuda_agrees_with_the_reference(dtype, tol):
     ref, _ = scaled_dot_product_attention(*same_length, causal=True)
     torch.testing.assert_close(fused_attention(*(t.to(dtype) for t in same_length), causal=True).float(), ref,
                                atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    ({"d_model": True, "n_heads": 1}, ValueError, "d_model must be a positive int"),
+    ({"d_model": 8, "n_heads": 2, "head_dim": 2.5}, ValueError, "head_dim must be a positive int"),
+    ({"d_model": 8, "n_heads": 2, "n_kv_heads": "1"}, ValueError, "n_kv_heads must be a positive"),
+    ({"d_model": 8, "n_heads": 2, "n_kv_heads": 0}, ValueError, "n_kv_heads must be a positive"),
+    ({"d_model": 8, "n_heads": 2, "fast": "no"}, TypeError, "fast must be a bool"),
+])
+def test_attention_config_names_a_bad_field(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        AttentionConfig(**kwargs)
+
+
+def test_attention_config_accepts_numpy_integers_as_ints():
+    import numpy as np
+
+    cfg = AttentionConfig(np.int64(8), np.int64(2), n_kv_heads=np.int32(1))
+    assert cfg == AttentionConfig(8, 2, n_kv_heads=1) and type(cfg.d_model) is int

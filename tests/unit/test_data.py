@@ -5,7 +5,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from halluc_lab.data import IGNORE, Encoded, batches, encode_document, encode_example, pack, pad, rollout_batch
+from halluc_lab.data import (IGNORE, Encoded, batches, encode_document, encode_example, pack, pad,
+                             prompt_rounds, rollout_batch)
 from halluc_lab.losses import causal_lm_loss
 from halluc_lab.tasks import Arithmetic, ArithmeticConfig, Example
 from tests.unit._tiny_lm import small_transformer
@@ -122,3 +123,41 @@ def test_bad_rollouts_raise(args, match):
     prompts, completions, *targets = args
     with pytest.raises(ValueError, match=match):
         rollout_batch(prompts, completions, 0, *targets)
+
+
+# -- bad inputs: named, never a hang or a silently misaligned batch ----------------------------
+SEQ = Encoded((1, 5, 2), (IGNORE, 5, 2))
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda: next(prompt_rounds(0, 2, torch.Generator())), "n must be an int >= 1"),  # a hang
+    (lambda: next(prompt_rounds(3, 0, torch.Generator())), "per_round must be an int >= 1"),
+    (lambda: Encoded((1, 2), (1,)), "labels must have one entry per id"),
+    (lambda: pad([Encoded((1.5, 2), (1, 2))], 0), "ids must be integer token ids"),
+    (lambda: pad([SEQ], None), "pad_id must be an int"),
+    (lambda: pad([SEQ], 0.5), "pad_id must be an int"),
+    (lambda: pad([SEQ], 0, length=4.0), "length must be an int"),
+    (lambda: pack([SEQ], "4", 0), "length must be an int"),
+    (lambda: batches(pad([SEQ, SEQ], 0), 1, None), "seed must be an int"),
+    (lambda: batches(pad([SEQ, SEQ], 0), 1, "0"), "seed must be an int"),
+    (lambda: batches(pad([SEQ, SEQ], 0), 1, 0)(-1), "step must be an int >= 0"),
+])
+def test_bad_data_arguments_are_named(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+def test_pad_refuses_items_that_are_not_encoded_sequences():
+    with pytest.raises(TypeError, match=r"seqs\[0\] is tuple"):
+        pad([(1, 2)], 0)
+
+
+def test_numpy_integers_are_accepted_where_python_ints_are():
+    import numpy as np
+
+    want = pad([SEQ], 0, length=4).input_ids
+    assert torch.equal(pad([SEQ], np.int64(0), length=np.int64(4)).input_ids, want)
+    assert torch.equal(pack([SEQ], np.int64(4), 0).input_ids, pack([SEQ], 4, 0).input_ids)
+    rows = pad([SEQ, SEQ], 0)
+    assert torch.equal(batches(rows, np.int64(1), np.int64(3))(np.int64(1)).input_ids,
+                       batches(rows, 1, 3)(1).input_ids)

@@ -241,3 +241,9 @@ def test_tag_accuracy_wants_one_tag_sequence_per_sentence():
 
 def test_tag_accuracy_counts_tokens_across_sentences():
     assert tag_accuracy([("DET", "NOUN"), ("VERB",)], [("DET", "VERB"), ("VERB",)]) == pytest.approx(2 / 3)
+
+
+@pytest.mark.parametrize("seed", [None, -1, 1.5, "0", True])
+def test_sample_refuses_a_seed_that_is_not_an_integer_by_name(seed):
+    with pytest.raises(ValueError, match="seed must be an integer >= 0"):
+        sample(toy_grammar(), 2, 3, seed)

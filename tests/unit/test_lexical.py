@@ -522,3 +522,41 @@ def test_rrf_with_one_ranking_keeps_its_order_and_small_k_favours_the_top():
 def test_rrf_rejects_bad_input(rankings, k, match):
     with pytest.raises(ValueError, match=match):
         reciprocal_rank_fusion(rankings, k=k)
+
+
+# -- a str where a sequence of tokens is expected is read letter by letter: refused by name --------
+CORPUS = [["a", "b"], ["b", "c"]]
+
+
+@pytest.mark.parametrize("call,name", [
+    (lambda: bm25_scores("ab", CORPUS), "query"),
+    (lambda: bm25_scores(None, CORPUS), "query"),
+    (lambda: bm25_scores(["a"], "abc"), "corpus"),
+    (lambda: bm25_scores(["a"], ["a b", "b c"]), r"docs\[0\]"),
+    (lambda: term_counts("abc"), "docs"),
+    (lambda: cooccurrence_counts(["ab"], ["a", "b"]), r"sentences\[0\]"),
+    (lambda: reciprocal_rank_fusion(["ab", "ba"]), r"rankings\[0\]"),
+    (lambda: precision_recall_f1_sets("ab", "bc"), "predicted"),
+])
+def test_a_string_where_tokens_are_expected_is_refused_by_name(call, name):
+    with pytest.raises(TypeError, match=f"^{name} must be a sequence of"):
+        call()
+
+
+@pytest.mark.parametrize("call,match", [
+    (lambda: top_k(np.array([1.0, np.nan, 2.0]), 2), "scores must be a 1-D array without NaN"),
+    (lambda: idf_okapi(np.array([1, 2]), 3, epsilon=math.nan), "epsilon must be a finite number"),
+    (lambda: pmi([[1, 0], [0, 1]], add_k=None), "add_k must be finite"),
+    (lambda: pmi([[1, 0], [0, 1]], context_alpha="1"), r"context_alpha must be in \(0, 1\]"),
+])
+def test_nan_and_non_numbers_are_refused_by_name(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+def test_numpy_integers_are_accepted_where_python_ints_are():
+    assert reciprocal_rank_fusion([["a"]], k=np.int64(60)) == reciprocal_rank_fusion([["a"]], k=60)
+    sents, vocab = [["a", "b"]], ["a", "b"]
+    want = cooccurrence_counts(sents, vocab)
+    assert (cooccurrence_counts(sents, vocab, window=np.int64(1)) == want).all()
+    assert type(precision_recall_f1(np.int64(3), 1, 2).precision) is float

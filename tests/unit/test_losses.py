@@ -106,3 +106,28 @@ def test_sequence_logprobs_sum_the_kept_tokens_only():
     assert sequence_logprobs(logits, labels, keep)[1].item() == pytest.approx(by_hand.item(), rel=1e-12)
     with pytest.raises(ValueError, match="mask"):
         sequence_logprobs(logits, labels, keep.long())
+
+
+@pytest.mark.parametrize("bad", [5, 100, -1, -5])
+@pytest.mark.parametrize("call", [
+    lambda z, y: causal_lm_loss(z, y),
+    lambda z, y: causal_lm_loss(z, y, reduction="sum"),
+    lambda z, y: causal_lm_loss(z, y, reduction="none"),
+    token_logprobs,
+    sequence_logprobs,
+])
+def test_labels_outside_the_vocabulary_or_ignore_are_refused_by_name(call, bad):
+    logits, labels = torch.zeros(1, 3, 5), torch.tensor([[IGNORE, 1, bad]])
+    with pytest.raises(ValueError, match=rf"labels must be token ids in \[0, 5\) .* got {bad}"):
+        call(logits, labels)
+
+
+def test_logits_that_are_not_a_float_tensor_are_refused_by_name():
+    labels = torch.tensor([[IGNORE, 1]])
+    for logits in (torch.zeros(1, 2, 3, dtype=torch.long), [[[0.0] * 3] * 2], None):
+        with pytest.raises(TypeError, match="logits must be a float tensor"):
+            causal_lm_loss(logits, labels)
+    import numpy as np
+
+    smoothed = causal_lm_loss(torch.zeros(1, 2, 3), labels, label_smoothing=np.float32(0.1))
+    assert smoothed.item() == pytest.approx(math.log(3))

@@ -279,3 +279,14 @@ def test_scalar_settings_are_checked():
         grpo_loss(z, z, adv, MASK, clip=0.0)
     with pytest.raises(ValueError, match="clip_high"):
         dapo_loss(z, z, adv, MASK, clip_high=-0.1)
+
+
+def test_numpy_integer_sizes_are_accepted_where_python_ints_are():
+    import numpy as np
+
+    rewards = torch.tensor([1.0, 0.0, 1.0, 1.0])
+    torch.testing.assert_close(group_advantages(rewards, np.int64(2)), group_advantages(rewards, 2))
+    logp, mask = torch.zeros(2, 3), torch.ones(2, 3, dtype=torch.bool)
+    adv = torch.tensor([1.0, -1.0])
+    torch.testing.assert_close(dr_grpo_loss(logp, logp, adv, mask, max_tokens=np.int64(4)),
+                               dr_grpo_loss(logp, logp, adv, mask, max_tokens=4))

@@ -238,3 +238,13 @@ def test_non_finite_or_out_of_range_config_floats_raise_naming_the_field(kw, nam
 def test_config_fields_of_the_wrong_type_raise_type_error(kw, name):
     with pytest.raises(TypeError, match=name):
         tiny(**kw)
+
+
+def test_model_config_accepts_numpy_integers_as_ints():
+    import numpy as np
+
+    from halluc_lab.model import ModelConfig
+
+    cfg = ModelConfig(vocab_size=np.int64(10), hidden_size=np.int32(8), n_layers=1, n_heads=2)
+    assert cfg == ModelConfig(vocab_size=10, hidden_size=8, n_layers=1, n_heads=2)
+    assert type(cfg.vocab_size) is int and type(cfg.hidden_size) is int

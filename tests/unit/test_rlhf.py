@@ -63,6 +63,9 @@ def test_ppo_rejects_bad_settings_and_a_shared_reference():
     with pytest.raises(ValueError, match="one finite number per completion"):
         ppo(policy, copy.deepcopy(policy), RewardModel.from_lm(policy), PROMPTS, lambda p, c: [math.nan] * len(c),
             CFG, pad_id=PAD, seed=0)
+    with pytest.raises(TypeError, match="value 0 is str '0.5'"):
+        ppo(policy, copy.deepcopy(policy), RewardModel.from_lm(policy), PROMPTS,
+            lambda p, c: ["0.5"] * len(c), CFG, pad_id=PAD, seed=0)
     with pytest.raises(ValueError, match="cuda_graph=True needs the models on a CUDA device"):
         ppo(policy, copy.deepcopy(policy), RewardModel.from_lm(policy), PROMPTS, share_of_good, CFG, pad_id=PAD,
             seed=0, cuda_graph=True)

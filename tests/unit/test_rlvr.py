@@ -392,9 +392,11 @@ def test_the_same_seed_gives_the_same_history_and_weights_and_another_seed_does_
     (lambda p, c, **kw: [0.0] * (len(c) - 1), "one finite number per completion"),
     (lambda p, c, **kw: [math.nan] + [0.0] * (len(c) - 1), "one finite number per completion"),
     (lambda p, c, **kw: [math.inf] * len(c), "one finite number per completion"),
+    (lambda p, c, **kw: ["1"] * len(c), "value 0 is str '1'"),
+    (lambda p, c, **kw: [None] * len(c), "value 0 is NoneType None"),
 ])
 def test_rlvr_refuses_a_reward_of_the_wrong_count_or_not_finite(reward, match):
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises((ValueError, TypeError), match=match):
         train_toy(reward=reward, iterations=1)
 
 

@@ -1,6 +1,7 @@
 """Synthetic tasks: verifiers on hand-written completions, disjoint splits, corpora, claims."""
 
 import dataclasses
+import math
 import random
 from collections import Counter
 
@@ -421,3 +422,36 @@ def test_the_implied_answer_of_malformed_working_is_none(completion):
 def test_the_implied_answer_needs_a_scratchpad_task():
     with pytest.raises(ValueError, match="scratchpad"):
         Arithmetic(ArithmeticConfig(max_digits=2)).implied_answer("4 2")
+
+
+# -- a reward function's values, checked where they enter training ---------------------------
+def strings(p, c):
+    return ["1"] * len(c)
+
+
+@pytest.mark.parametrize("reward, error, match", [
+    (strings, TypeError, r"reward strings must return .*value 0 is str '1'"),
+    (lambda p, c: [0.0, None], TypeError, "value 1 is NoneType None"),
+    (lambda p, c: [True, False], TypeError, "value 0 is bool True"),
+    (lambda p, c: [0.0, math.nan], ValueError, "value 1 is nan"),
+    (lambda p, c: [0.0], ValueError, r"one finite number per completion \(2\), got 1 values"),
+    (lambda p, c: None, TypeError, "got NoneType"),
+    (lambda p, c: "10", TypeError, "got str"),
+])
+def test_reward_values_name_the_reward_the_index_and_the_type(reward, error, match):
+    from halluc_lab.tasks.base import reward_values
+
+    with pytest.raises(error, match=match):
+        reward_values(reward, [[1], [1]], [[5], [6]])
+
+
+def test_reward_values_accept_numpy_and_tensor_numbers_as_floats():
+    import numpy as np
+    import torch
+
+    from halluc_lab.tasks.base import reward_values
+
+    as_lists = ([np.int64(1), np.float32(0.5)], (1, 0.5))
+    for values in (*as_lists, np.array([1, 0.5]), torch.tensor([1.0, 0.5])):
+        out = reward_values(lambda p, c, v=values: v, [[1], [1]], [[5], [6]])
+        assert out == [1.0, 0.5] and all(type(r) is float for r in out)

@@ -96,3 +96,25 @@ def test_load_of_a_corrupt_vocabulary_file_names_the_file_and_the_problem(tmp_pa
     with pytest.raises(ValueError, match=match) as err:
         Tokenizer.load(tmp_path)
     assert str(path) in str(err.value)
+
+
+@pytest.mark.parametrize("ids", [[2.7], [2.0], [True], [None], ["5"], "56", None, 5])
+def test_decode_refuses_ids_that_are_not_integers(ids):
+    with pytest.raises(TypeError, match="ids must be"):
+        Tokenizer(SYMBOLS).decode(ids)
+
+
+def test_decode_accepts_numpy_and_tensor_integer_ids():
+    import numpy as np
+    import torch
+
+    tok = Tokenizer(SYMBOLS)
+    want = tok.decode([1, 5, 6])
+    assert tok.decode(np.array([1, 5, 6])) == tok.decode(torch.tensor([1, 5, 6])) == want
+    assert tok.decode([np.int64(1), np.int32(5), 6]) == want
+
+
+@pytest.mark.parametrize("text", [None, 5, b"1 + 2", [5], ["1", None], {"1": 2}])
+def test_encode_refuses_what_is_not_text_or_symbols_by_name(text):
+    with pytest.raises(TypeError, match="text must be a str or a sequence of symbol strings"):
+        Tokenizer(SYMBOLS).encode(text)

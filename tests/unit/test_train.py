@@ -307,3 +307,32 @@ def test_graphs_run_a_body_eagerly_each_time_or_capture_it_once_by_name(monkeypa
     outs = [graphs.run("update", body("u"), [opt]) for _ in range(3)] + [graphs.run("score", body("s"))]
     assert calls == ["u", "s"] and captured == [(opt,), ()]  # each name captured once, with its optimizers
     assert len(replays) == 4 and outs[0] is outs[1] is outs[2]  # replays return the capture's outputs
+
+
+@pytest.mark.parametrize("field, value", [
+    (field, value) for field in ("lr", "eps", "weight_decay", "grad_clip", "betas", "steps",
+                                 "log_every")
+    for value in (None, "1e-3", True) if (field, value) != ("grad_clip", None)])  # None: no clip
+def test_config_fields_of_the_wrong_type_are_named_with_their_range(field, value):
+    with pytest.raises(ValueError, match=rf"^{field} must be .*(>|in \[0, 1\)).*, got {value!r}"):
+        TrainConfig(**{field: value})
+
+
+def test_config_accepts_numpy_numbers_and_holds_them_as_python_numbers():
+    import numpy as np
+
+    from halluc_lab.train import lr_at
+
+    cfg = TrainConfig(steps=np.int64(10), warmup_steps=np.int32(2), lr=np.float32(0.5),
+                      betas=(np.float64(0.9), 0.95))
+    assert cfg == TrainConfig(steps=10, warmup_steps=2, lr=0.5, betas=(0.9, 0.95))
+    assert type(cfg.steps) is int and type(cfg.lr) is float and type(cfg.betas[0]) is float
+    assert lr_at(np.int64(1), cfg) == lr_at(1, cfg)
+
+
+def test_next_token_loss_accepts_a_numpy_smoothing_and_refuses_a_bool():
+    import numpy as np
+
+    assert NextTokenLoss(np.float32(0.1)).label_smoothing == np.float32(0.1)
+    with pytest.raises(ValueError, match="label_smoothing"):
+        NextTokenLoss(True)
