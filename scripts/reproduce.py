@@ -30,12 +30,12 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import nbformat
 import papermill
-import zmq
 from jupyter_client.manager import AsyncKernelManager
 from traitlets import default
 
@@ -48,14 +48,18 @@ from halluc_lab.notebook import RUN_KEYS, read_glue, toc_notebooks  # noqa: E402
 NOTEBOOKS = ROOT / "notebooks"
 
 
-class EncryptedKernelManager(AsyncKernelManager):
-    """The kernel manager of every run: its ZeroMQ transport encrypted (CurveZMQ keys the manager
-    makes) where pyzmq and the kernel spec support it. Without it ipykernel logs "Kernel is running
-    over TCP without encryption" on every run; where they do not, the run goes on unencrypted."""
+class LocalKernelManager(AsyncKernelManager):
+    """The kernel manager of every run: the kernel talks to it over local (IPC) sockets, never TCP.
+    Over TCP ipykernel warns on every run that the connection is not encrypted; an encrypted TCP
+    connection (CurveZMQ) logged an error instead when the kernel shut down."""
 
-    @default("transport_encryption")
-    def _auto(self) -> str:
-        return "auto" if zmq.has("curve") else "disabled"
+    @default("transport")
+    def _local(self) -> str:
+        return "ipc"
+
+    @default("ip")
+    def _own_sockets(self) -> str:  # a folder of its own: kernels run at once must not share sockets
+        return os.path.join(tempfile.mkdtemp(prefix="halluc-kernel-"), "kernel")
 
 
 def run(stem: str, out: Path, scale: str, seed: int, at_once: int = 1, notebooks: Path = NOTEBOOKS) -> float:
@@ -66,7 +70,7 @@ def run(stem: str, out: Path, scale: str, seed: int, at_once: int = 1, notebooks
     papermill.execute_notebook(str(notebooks / f"{stem}.ipynb"), str(target),
                                parameters={"scale": scale, "seed": seed},
                                cwd=str(notebooks), progress_bar=False,
-                               kernel_manager_class=EncryptedKernelManager)
+                               kernel_manager_class=LocalKernelManager)
     seconds = time.perf_counter() - start
     nb = nbformat.read(target, as_version=4)
     glued = read_glue(nb)

@@ -309,7 +309,7 @@ def default_jobs(points: int) -> int:
 def _execute(source: str, target: str, parameters: dict, cwd: str) -> dict:
     """Run one grid point with papermill; never raises: a failure comes back as status/error."""
     import papermill
-    from reproduce import EncryptedKernelManager
+    from reproduce import LocalKernelManager
 
     saved = {k: os.environ.get(k) for k in ("HALLUC_BATCH", "MPLBACKEND")}
     os.environ["HALLUC_BATCH"] = "1"  # no progress bars in the recorded outputs
@@ -318,7 +318,7 @@ def _execute(source: str, target: str, parameters: dict, cwd: str) -> dict:
     try:
         papermill.execute_notebook(source, target, parameters=parameters, kernel_name="python3",
                                    cwd=cwd, progress_bar=False, log_output=False,
-                                   kernel_manager_class=EncryptedKernelManager)
+                                   kernel_manager_class=LocalKernelManager)
         status, error = "ok", ""
     except papermill.PapermillExecutionError as err:
         lines = [ln for ln in str(err.evalue).splitlines() if ln.strip()]
