@@ -78,7 +78,7 @@ def read_glue(nb) -> dict:
                 continue
             name, text = meta["name"], output["data"].get(meta.get("mime_prefix", "") + "text/plain")
             try:
-                value = ast.literal_eval(text)
+                value = _literal(text)
             except (ValueError, SyntaxError) as err:
                 raise ValueError(f"glued value {name!r} is not a plain Python literal: {text!r}; "
                                  "glue floats, ints, bools, strings or lists of them") from err
@@ -86,6 +86,24 @@ def read_glue(nb) -> dict:
                 raise ValueError(f"{name!r} is glued twice")
             values[name] = value
     return values
+
+
+class _NonFinite(ast.NodeTransformer):
+    """``nan`` and ``inf``, as a float's repr writes them, read back as floats."""
+
+    def visit_Name(self, node: ast.Name) -> ast.AST:
+        if node.id in ("nan", "inf"):
+            return ast.copy_location(ast.Constant(float(node.id)), node)
+        return node
+
+
+def _literal(text: str):
+    """A glued value's plain-text form as a Python literal; ``nan`` and ``inf`` allowed (an empty bin's
+    rate, say), nothing else that is not a literal."""
+    try:
+        return ast.literal_eval(text)
+    except ValueError:
+        return ast.literal_eval(_NonFinite().visit(ast.parse(text, mode="eval")))
 
 
 def toc_files(root: Path) -> list[str]:

@@ -25,7 +25,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from halluc_lab import distributed, recipe_cache, recipes  # noqa: E402
+from halluc_lab import distributed, recipes  # noqa: E402
 from halluc_lab.device import choose_device, resolve_scale, setup  # noqa: E402
 
 INTERRUPTED = 130  # the shell's code for a process stopped by SIGINT
@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(err))
     recipe = recipes.get(args.recipe, resolve_scale(args.scale, device))
     if args.seed is not None:
-        recipe = recipe_cache.with_seed(recipe, args.seed)
+        recipe = recipes.with_seed(recipe, args.seed)
     if recipe.scale == "full" and device.type == "cpu" and not args.yes:
         parser.error(f"{recipe.name} at scale full trains up to {chain_steps(recipe):,} steps over "
                      "its chain; on a CPU that takes hours (pre-training alone about 50 minutes): "

@@ -137,9 +137,12 @@ def test_train_script_trains_a_recipe_on_two_processes_into_the_cache(tmp_path, 
     assert "arithmetic-pretrain (smoke): trained" in done.stdout and "× 2 processes" in done.stdout
     assert done.stdout.count("is in the cache as") == 1  # rank 0 alone prints
     monkeypatch.setenv("HALLUC_CACHE", str(tmp_path))
-    trained = recipes.load("arithmetic-pretrain", setup("smoke", "cpu", verbose=False))
-    assert not trained.trained_now  # one complete entry, found by a single process
-    assert _json(os.path.join(trained.path, "meta.json"))["processes"] == 2
+    recipe = recipes.get("arithmetic-pretrain", "smoke")
+    two = recipes.directory(recipe, recipes.Platform("torch.float32", processes=2, threads=1))
+    assert os.path.exists(os.path.join(two, "DONE"))  # one complete entry, under the two processes' key
+    assert _json(os.path.join(two, "meta.json"))["processes"] == 2
+    single = recipes.load("arithmetic-pretrain", setup("smoke", "cpu", verbose=False))
+    assert single.trained_now and single.path != two  # a sum over ranks adds in another order: another key
 
 
 def test_train_script_rejects_an_unknown_recipe():

@@ -48,3 +48,21 @@ def test_the_committed_book_is_read_and_only_its_chapters_are_named():
     root = Path(__file__).resolve().parents[2]
     stale = stale_footers(root)
     assert set(stale) <= set(toc_notebooks(root)) and all(stale.values())
+
+
+def test_glued_values_read_back_nan_and_inf_but_nothing_else_that_is_not_a_literal():
+    import math
+
+    from halluc_lab.notebook import read_glue
+
+    cell = nbformat.v4.new_code_cell("", outputs=[_glued("rates", [float("nan"), 0.5, float("-inf")])])
+    rates = read_glue(nbformat.v4.new_notebook(cells=[cell]))["rates"]
+    assert math.isnan(rates[0]) and rates[1:] == [0.5, float("-inf")]
+    bad = nbformat.v4.new_output("display_data", data={"application/papermill.record/text/plain": "open('x')"},
+                                 metadata={"scrapbook": {"name": "x", "mime_prefix": "application/papermill.record/"}})
+    try:
+        read_glue(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("", outputs=[bad])]))
+    except ValueError as e:
+        assert "not a plain Python literal" in str(e)
+    else:
+        raise AssertionError("a call was read as a glued value")
