@@ -6,8 +6,8 @@ recursion), 004 §6.2 steps 1–6, 002 "Cached Generation".
 
 One call does it all::
 
-    result = generate(model, [[5, 6, 7], [8]], max_new_tokens=20, top_p=0.9, stop_tokens=(2,),
-                      generator=torch.Generator().manual_seed(0))
+    result = generate(model, [[5, 6, 7], [8]], 20, sampling=SamplingParams(top_p=0.9),
+                      stop_tokens=(2,), generator=torch.Generator().manual_seed(0))
     result.token_lists()      # generated tokens of each row
     result.logprobs           # (N, M) log π(token | context) of each generated token
 
@@ -70,7 +70,7 @@ from halluc_lab.device import compile_for_capture, distinct_indices, host_copies
 from halluc_lab.engine_checks import MAX_STOP_TOKENS, check_count, check_force, check_start, prompt_lists
 from halluc_lab.engine_graphs import PrefillGraphs, capture_step
 from halluc_lab.kv_cache import KVCache, rollback_request
-from halluc_lab.sampling import SamplingParams  # defined with the rules it selects; imported from here too
+from halluc_lab.sampling import GREEDY, SamplingParams  # noqa: F401 (also imported from here)
 
 Tensor = torch.Tensor
 MAX_ENGINES_PER_MODEL = 6  # engine_for keeps this many engines (kinds × batch buckets × lengths) per model
@@ -252,14 +252,10 @@ class Engine:
 
     def _step_body(self) -> None:
         """One decode step for every row, on the device only (no host sync): what the graph captures."""
-        p = self.params
         logits = self._logits(self.model(self.tok[:, None], cache=self.cache)[:, -1])  # (B, V) next-token logits
         self.cache.lengths -= self.finished.long()  # finished rows keep their length (their write is masked)
         logp = sampling.log_softmax(logits, validate=False)  # (B, V) float32, temperature 1
-        if p.greedy:
-            choice = sampling.greedy(logits, validate=False)  # (B,)
-        else:
-            choice = sampling.sample(logits, p.temperature, p.top_k, p.top_p, self.generator, validate=False)
+        choice = self.params.choose(logits, self.generator, validate=False)  # (B,)
         token = torch.where(self.force_mask, self.force_tok, choice)  # (B,) the caller's token wins
         self._record(token, logp.gather(1, token[:, None])[:, 0])
         self.force_mask.zero_()  # a forced token applies to one step
@@ -412,27 +408,27 @@ def engine_for(model: nn.Module, batch_size: int, max_positions: int, *, dtype: 
 
 
 def generate(model: nn.Module, prompts: Sequence[Sequence[int]] | Tensor, max_new_tokens: int, *,
-             temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
-             greedy: bool = False, stop_tokens: Sequence[int] = (), generator: torch.Generator | None = None,
-             dtype: torch.dtype | None = None, n_samples: int = 1, engine_type: type[Engine] | None = None,
+             sampling: SamplingParams = SamplingParams(), stop_tokens: Sequence[int] = (),
+             generator: torch.Generator | None = None, dtype: torch.dtype | None = None,
+             n_samples: int = 1, engine_type: type[Engine] | None = None,
              **engine_options) -> GenerationResult:
     """Continue each prompt by up to ``max_new_tokens`` tokens (000 §6.1 with a KV cache).
 
-    ``prompts``: a list of prompts (lists of token ids, any lengths) or a 2-D tensor ``(N, T)``; a single
-    prompt (a flat list or a 1-D tensor) is refused: pass ``[prompt]``. Sampling: ``greedy``, or
-    temperature with optional top-k/top-p (:mod:`halluc_lab.sampling`), drawn from ``generator`` (on the
-    model's device). A row stops after a token in ``stop_tokens`` (which is kept). Same generator state,
-    same tokens. ``n_samples`` = G continuations per prompt from one prefill; the result's rows are
-    prompt-major (rows p·G … p·G+G-1 belong to prompt p). ``engine_type`` and ``engine_options``: another
-    kind of engine and its options (:func:`halluc_lab.backtrack.rollout` passes the backspace engine's).
+    ``prompts``: a list of prompts (lists of token ids, any lengths) or a 2-D tensor ``(N, T)``;
+    a single prompt (a flat list or a 1-D tensor) is refused: pass ``[prompt]``. ``sampling``: how
+    each token is chosen (:class:`~halluc_lab.sampling.SamplingParams`; default: temperature 1),
+    drawn from ``generator`` (on the model's device). A row stops after a token in ``stop_tokens``
+    (which is kept). Same generator state, same tokens. ``n_samples`` = G continuations per prompt
+    from one prefill; rows are prompt-major (rows p·G … p·G+G-1 belong to prompt p).
+    ``engine_type`` and ``engine_options``: another kind of engine and its options
+    (:func:`halluc_lab.backtrack.rollout` passes the backspace engine's).
 
     Example::
 
-        out = generate(model, [[1, 2, 3]], 10, greedy=True)
+        out = generate(model, [[1, 2, 3]], 10, sampling=SamplingParams(greedy=True))
         out.token_lists()     # [[...10 ids...]]
         group = generate(model, [[1, 2, 3], [4]], 10, n_samples=8, generator=g)   # 16 rows, 8 per prompt
     """
-    params = SamplingParams(greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p)
     prompts = prompt_lists(prompts)
     check_count("max_new_tokens", max_new_tokens)
     check_count("n_samples", n_samples, " (samples per prompt)")
@@ -441,6 +437,7 @@ def generate(model: nn.Module, prompts: Sequence[Sequence[int]] | Tensor, max_ne
     longest = max(len(p) for p in prompts)
     eng = engine_for(model, len(prompts) * n_samples, longest + max_new_tokens, dtype=dtype, engine_type=engine_type,
                      **engine_options)
-    eng.start(prompts, max_new_tokens, params, stop_tokens=stop_tokens, generator=generator, n_samples=n_samples)
+    eng.start(prompts, max_new_tokens, sampling, stop_tokens=stop_tokens, generator=generator,
+              n_samples=n_samples)
     eng.run()
     return eng.result()

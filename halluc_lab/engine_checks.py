@@ -79,7 +79,6 @@ def check_start(prompts: Sequence[Sequence[int]] | Tensor, max_new_tokens: int, 
     for t in stop_tokens:
         if not is_int(t) or not 0 <= t < V:
             raise ValueError(f"unknown stop token {t!r}: stop tokens must be ids in [0, {V - 1}]")
-    params.check(V)
     if generator is not None and (not isinstance(generator, torch.Generator) or generator.device.type != device.type):
         raise ValueError(f"generator must be a torch.Generator on {device.type} (the model's device)")
     return prompts

@@ -143,12 +143,12 @@ def test_engine_greedy_tokens_equal_hugging_face_generate():
     with torch.no_grad():
         want = hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=20, min_new_tokens=20,
                            do_sample=False, pad_token_id=0)[:, 9:]
-    assert generate(model, x.tolist(), 20, greedy=True).token_lists() == want.tolist()
+    assert generate(model, x.tolist(), 20, sampling=GREEDY).token_lists() == want.tolist()
 
 
 def test_generate_with_ragged_prompts_matches_each_row_alone():
     model, ps = tiny(), prompts(3)
-    res = generate(model, ps, 8, greedy=True)
+    res = generate(model, ps, 8, sampling=GREEDY)
     for p, row in zip(ps, res.token_lists()):
         alone = decoding.decode(lambda t: model(t)[:, -1], torch.tensor(p), 8)
         assert row == alone[len(p):].tolist()
@@ -157,15 +157,16 @@ def test_generate_with_ragged_prompts_matches_each_row_alone():
 def test_same_generator_state_same_tokens_and_the_generator_advances():
     model, ps = tiny(), prompts()
     g = torch.Generator().manual_seed(11)
-    first = generate(model, ps, 12, top_k=10, generator=g).token_lists()
-    second = generate(model, ps, 12, top_k=10, generator=g).token_lists()
-    again = generate(model, ps, 12, top_k=10, generator=torch.Generator().manual_seed(11)).token_lists()
+    first = generate(model, ps, 12, sampling=SamplingParams(top_k=10), generator=g).token_lists()
+    second = generate(model, ps, 12, sampling=SamplingParams(top_k=10), generator=g).token_lists()
+    again = generate(model, ps, 12, sampling=SamplingParams(top_k=10),
+                     generator=torch.Generator().manual_seed(11)).token_lists()
     assert first == again and first != second
 
 
 def test_generate_reuses_one_engine_per_bucket():
     model = tiny()
-    generate(model, prompts(3), 4, greedy=True)
+    generate(model, prompts(3), 4, sampling=GREEDY)
     eng = engine_for(model, 3, 11)
     assert eng.batch_size == 4 and eng.max_positions == 64
     assert engine_for(model, 4, 40) is eng
@@ -186,7 +187,8 @@ def test_engines_of_another_kind_or_options_are_cached_apart():
 
 def test_logprobs_are_the_models_at_temperature_one():
     model, ps = tiny(), prompts(2)
-    res = generate(model, ps, 5, temperature=0.3, generator=torch.Generator().manual_seed(0))
+    res = generate(model, ps, 5, sampling=SamplingParams(temperature=0.3),
+                   generator=torch.Generator().manual_seed(0))
     for p, toks, lps in zip(ps, res.token_lists(), res.logprobs.tolist()):
         seq = torch.tensor(p + toks)[None]
         with torch.no_grad():
@@ -282,10 +284,11 @@ def test_group_fan_out_prefills_each_prompt_once_and_computes_no_logits_there():
 
 def test_generate_accepts_a_2d_tensor_and_refuses_a_single_prompt():
     model, x = tiny(), torch.randint(0, V, (2, 5), generator=torch.Generator().manual_seed(0))
-    assert generate(model, x, 3, greedy=True).token_lists() == generate(model, x.tolist(), 3, greedy=True).token_lists()
+    from_tensor = generate(model, x, 3, sampling=GREEDY).token_lists()
+    assert from_tensor == generate(model, x.tolist(), 3, sampling=GREEDY).token_lists()
     for one in (x[0], x[0].tolist()):
         with pytest.raises(ValueError, match=r"for one prompt pass \[prompt\]"):
-            generate(model, one, 3, greedy=True)
+            generate(model, one, 3, sampling=GREEDY)
     for bad in (dict(n_samples=0), dict(n_samples="2")):
         with pytest.raises(ValueError, match="n_samples"):
             generate(model, x, 3, **bad)
@@ -361,10 +364,10 @@ def test_cuda_graph_generation_equals_uncached_reference_and_hugging_face():
     with torch.no_grad():
         want = to_hf(model).cuda().generate(x.cuda(), attention_mask=torch.ones_like(x).cuda(), max_new_tokens=20,
                                             min_new_tokens=20, do_sample=False, pad_token_id=0)[:, 9:]
-    got = generate(model, x.tolist(), 20, greedy=True)
+    got = generate(model, x.tolist(), 20, sampling=GREEDY)
     assert got.token_lists() == want.tolist()
     ref = reference(model, x.tolist(), STEPS * 4, TOP_P, torch.Generator("cuda").manual_seed(2), max_new=20)
-    sampled = generate(model, x.tolist(), 20, temperature=0.8, top_p=0.9,
+    sampled = generate(model, x.tolist(), 20, sampling=SamplingParams(temperature=0.8, top_p=0.9),
                        generator=torch.Generator("cuda").manual_seed(2))
     assert sampled.token_lists() == [[t for t, _, _ in row] for row in ref]
 
@@ -416,8 +419,8 @@ def test_fused_step_scores_forced_tokens_as_the_unfused_one_to_float32_rounding(
 @pytest.mark.gpu
 def test_fused_greedy_generation_equals_the_unfused_one_where_no_token_is_nearly_tied():
     model, ps = tiny().cuda(), prompts(8)
-    plain = generate(model, ps, 16, greedy=True)
-    fused = generate(model, ps, 16, greedy=True, fused=True)
+    plain = generate(model, ps, 16, sampling=GREEDY)
+    fused = generate(model, ps, 16, sampling=GREEDY, fused=True)
     assert fused.token_lists() == plain.token_lists()  # fp32, a tiny model: no two logits within rounding
     torch.testing.assert_close(fused.logprobs, plain.logprobs, atol=1e-4, rtol=1e-4)
 
@@ -426,8 +429,8 @@ def test_fused_greedy_generation_equals_the_unfused_one_where_no_token_is_nearly
 def test_bf16_engine_on_cuda_picks_what_fp32_scores_about_the_same():
     model = tiny().cuda()
     ps = prompts(8)
-    fp32 = generate(model, ps, 16, greedy=True)
-    bf16 = generate(model, ps, 16, greedy=True, dtype=torch.bfloat16)
+    fp32 = generate(model, ps, 16, sampling=GREEDY)
+    bf16 = generate(model, ps, 16, sampling=GREEDY, dtype=torch.bfloat16)
     assert bf16.lengths.tolist() == [16] * 8
     # The first token sees the same context in both: bf16 may flip a near-tie, never pick a poor token.
     torch.testing.assert_close(bf16.logprobs[:, 0], fp32.logprobs[:, 0], atol=0.1, rtol=0)
@@ -438,7 +441,7 @@ def test_generate_does_not_keep_the_model_alive():
     import weakref
 
     model = tiny()
-    generate(model, prompts(2), 3, greedy=True)
+    generate(model, prompts(2), 3, sampling=GREEDY)
     ref = weakref.ref(model)
     del model
     gc.collect()
@@ -505,3 +508,4 @@ def test_graph_bookkeeping_matches_eager_with_a_stand_in_graph(monkeypatch):
     assert graphed.token_lists() == eager.token_lists()
     torch.testing.assert_close(graphed.logprobs, eager.logprobs, atol=1e-5, rtol=0)
     assert torch.equal(graphed.sampled_mask, eager.sampled_mask)
+
