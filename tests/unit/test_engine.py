@@ -2,9 +2,12 @@
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from halluc_lab import decoding, engine_graphs, sampling
 from halluc_lab import engine as engine_module
+from halluc_lab.backtrack import rollout
 from halluc_lab.engine import Engine, SamplingParams, engine_for, generate
 from halluc_lab.hf_convert import to_hf
 from halluc_lab.model import ModelConfig, Transformer
@@ -509,3 +512,96 @@ def test_graph_bookkeeping_matches_eager_with_a_stand_in_graph(monkeypatch):
     torch.testing.assert_close(graphed.logprobs, eager.logprobs, atol=1e-5, rtol=0)
     assert torch.equal(graphed.sampled_mask, eager.sampled_mask)
 
+
+# -- numbers that must not go silently wrong ----------------------------------------------------
+
+def nan_model() -> Transformer:
+    model = tiny()
+    with torch.no_grad():
+        model.layers[0].mlp.down_proj.weight[0, 0] = float("nan")
+    return model
+
+
+@pytest.mark.parametrize("params", [GREEDY, TOP_P], ids=["greedy", "top_p"])
+def test_nan_logits_raise_a_named_error_instead_of_becoming_tokens(params):
+    with pytest.raises(engine_module.NonFiniteLogits, match=r"NaN .* rows \[0, 1\]"):
+        generate(nan_model(), prompts(2), 4, sampling=params, generator=torch.Generator())
+    with pytest.raises(engine_module.NonFiniteLogits):  # the backspace engine's result checks too
+        rollout(nan_model(), prompts(2), 4, bksp_id=3, sampling=params)
+
+
+def test_a_step_that_meets_nan_logits_flags_only_that_row():
+    model = tiny()
+    eng = Engine(model, 2, 32)
+    eng.start(prompts(2), 3, GREEDY)
+    eng.step()
+    eng.nonfinite[1] = True  # what a NaN logit in row 1's step leaves behind
+    with pytest.raises(engine_module.NonFiniteLogits, match=r"rows \[1\]"):
+        eng.result()
+    eng.start(prompts(2), 3, GREEDY)  # a new batch starts clean
+    eng.run()
+    assert eng.result().lengths.tolist() == [3, 3]
+
+
+def test_a_temperature_float32_cannot_hold_is_refused_before_generating():
+    for tau in (1e-300, 1e-40, 1e300):
+        with pytest.raises(ValueError, match="temperature must be in"):
+            generate(tiny(), prompts(2), 3, sampling=SamplingParams(temperature=tau))
+
+
+def test_the_smallest_allowed_temperature_generates_the_greedy_tokens():
+    model, ps = tiny(), prompts(3)
+    cold = SamplingParams(temperature=sampling.MIN_TEMPERATURE)
+    want = generate(model, ps, 6, sampling=GREEDY).token_lists()
+    assert generate(model, ps, 6, sampling=cold, generator=torch.Generator()).token_lists() == want
+
+
+def test_a_prompt_longer_than_the_models_context_is_refused():
+    model = tiny()  # max_positions=128
+    with pytest.raises(ValueError, match=r"prompt 1 has 128 tokens; .*max_positions=128"):
+        generate(model, [[1, 2], [5] * 128], 1, sampling=GREEDY)
+    with pytest.raises(ValueError, match=r"max_new_tokens must be at most 8 here, got 9"):
+        generate(model, [[1] * 120], 9, sampling=GREEDY)
+    edge = generate(model, [[1] * 120], 8, sampling=GREEDY)  # up to the edge of the context
+    assert edge.lengths.tolist() == [8]
+
+
+def test_a_max_new_tokens_that_would_need_terabytes_is_refused_before_allocating():
+    with pytest.raises(ValueError, match="max_new_tokens must be at most 123 here, got 10{12}"):
+        generate(tiny(), prompts(2), 10**12)
+    with pytest.raises(ValueError, match="max_positions must be at most 128 here, got 10{12}"):
+        Engine(tiny(), 2, 10**12)
+
+
+class Scaled(Engine):
+    """An engine whose step multiplies the model's logits by ``scale`` (huge logits, or inf)."""
+
+    def __init__(self, *args, scale: float = 1.0, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.scale = scale
+
+    def _logits(self, logits):
+        return logits * self.scale
+
+
+@settings(max_examples=25, deadline=None)
+@given(scale=st.sampled_from([1.0, 1e3, 1e30, 1e38, 1e39]) | st.floats(1.0, 1e38),
+       tau=st.sampled_from([sampling.MIN_TEMPERATURE, 1e-30, 1e-3, 1.0, 1e30])
+       | st.floats(1e-3, 10.0),
+       top_k=st.none() | st.integers(1, V + 3), top_p=st.none() | st.floats(0.05, 1.0),
+       seed=st.integers(0, 2**31 - 1))
+def test_any_logit_scale_and_temperature_give_valid_tokens_or_a_named_error(
+        scale, tau, top_k, top_p, seed):
+    params = SamplingParams(temperature=tau, top_k=top_k, top_p=top_p)
+    try:
+        out = generate(PROPERTY_MODEL, prompts(3, seed % 7), 5, sampling=params, engine_type=Scaled,
+                       scale=scale, generator=torch.Generator().manual_seed(seed))
+    except engine_module.NonFiniteLogits:
+        assert scale * 100 > torch.finfo(torch.float32).max  # only logits scaled past float32
+        return
+    tokens = out.tokens[out.sampled_mask]
+    assert ((tokens >= 0) & (tokens < V)).all() and (out.lengths == 5).all()
+    assert not out.logprobs.isnan().any()
+
+
+PROPERTY_MODEL = tiny(seed=3)
