@@ -2,7 +2,7 @@
 
 For each size and batch: a 32-token prompt per row and 256 new tokens (bf16 on CUDA, fp32 on CPU).
 
-- lab: ``halluc_lab.engine.generate(..., greedy=True)`` (a CUDA graph of the decode step on GPU);
+- lab: ``halluc_lab.engine.generate`` greedy (a CUDA graph of the decode step on GPU);
 - lab top-p+rb: the engine sampling with top-p 0.9 while a quarter of the rows roll back 1–3
   tokens every 16 steps (the backspace path); tokens/s counts every token emitted;
 - hf: ``LlamaForCausalLM.generate`` greedy with its default (dynamic) cache;
@@ -31,7 +31,7 @@ PROMPT = 32
 
 
 def lab_greedy(model, prompts, new):
-    return lambda: generate(model, prompts, new, greedy=True)
+    return lambda: generate(model, prompts, new, sampling=SamplingParams(greedy=True))
 
 
 def lab_top_p_with_rollbacks(model, prompts, new, device, every=16, seed=0):

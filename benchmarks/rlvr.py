@@ -100,6 +100,7 @@ from halluc_lab import recipes
 from halluc_lab.backtrack import rollout
 from halluc_lab.device import deterministic
 from halluc_lab.engine import generate
+from halluc_lab.sampling import GREEDY
 from halluc_lab.evaluate import answer_budget
 from halluc_lab.hf_convert import save_pretrained
 from halluc_lab.model import Transformer
@@ -180,7 +181,7 @@ def lab_rollouts(model, tok, prompts: list[tuple[int, ...]], cfg: RLVRConfig, de
                 model, batch, M, bksp_id=tok.bksp_id, context=cfg.context, allow_bksp=cfg.allow_bksp,
                 generator=generator, dtype=dtype, n_samples=G, fused=fused),
             f"greedy generate{label}, whole budget": lambda: generate(
-                model, batch, M, greedy=True, dtype=dtype, n_samples=G, fused=fused)}
+                model, batch, M, sampling=GREEDY, dtype=dtype, n_samples=G, fused=fused)}
 
     draws = draws_of(False, "") | (draws_of(True, ", fused") if device.type == "cuda" else {})
     rows = []

@@ -45,6 +45,7 @@ from torch import nn
 from halluc_lab.data import IGNORE, Encoded
 from halluc_lab.device import distinct_indices
 from halluc_lab.engine import Engine, GenerationResult, generate
+from halluc_lab.sampling import SamplingParams
 
 Tensor = torch.Tensor
 CONTEXTS = ("keep", "erase")
@@ -158,21 +159,21 @@ class BacktrackEngine(Engine):
                        alive=inside & self.log_alive[:N, :M], text_lengths=base.lengths)
 
 
-def rollout(model: nn.Module, prompts: Sequence[Sequence[int]] | Tensor, max_new_tokens: int, *, bksp_id: int,
-            context: str = "erase", allow_bksp: bool = True, temperature: float = 1.0, top_k: int | None = None,
-            top_p: float | None = None, greedy: bool = False, stop_tokens: Sequence[int] = (),
+def rollout(model: nn.Module, prompts: Sequence[Sequence[int]] | Tensor, max_new_tokens: int, *,
+            bksp_id: int, context: str = "erase", allow_bksp: bool = True,
+            sampling: SamplingParams = SamplingParams(), stop_tokens: Sequence[int] = (),
             generator: torch.Generator | None = None, dtype: torch.dtype | None = None,
             n_samples: int = 1, fused: bool = False) -> Rollout:
     """Continue each prompt by up to ``max_new_tokens`` emitted tokens, ``<bksp>`` taking back the last one.
 
-    Arguments as :func:`halluc_lab.engine.generate` (``n_samples`` = G rows per prompt from one prefill,
-    prompt-major), and ``bksp_id``, ``context``, ``allow_bksp`` and ``fused`` as :class:`BacktrackEngine`. Same
-    generator state, same rollouts.
+    Arguments as :func:`halluc_lab.engine.generate` (``sampling``, default temperature 1;
+    ``n_samples`` = G rows per prompt from one prefill, prompt-major), and ``bksp_id``, ``context``,
+    ``allow_bksp`` and ``fused`` as :class:`BacktrackEngine`. Same generator state, same rollouts.
     """
-    return generate(model, prompts, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy,
-                    stop_tokens=stop_tokens, generator=generator, dtype=dtype, n_samples=n_samples,
-                    engine_type=BacktrackEngine, bksp_id=bksp_id, context=context, allow_bksp=allow_bksp,
-                    fused=fused)
+    return generate(model, prompts, max_new_tokens, sampling=sampling, stop_tokens=stop_tokens,
+                    generator=generator, dtype=dtype, n_samples=n_samples,
+                    engine_type=BacktrackEngine, bksp_id=bksp_id, context=context,
+                    allow_bksp=allow_bksp, fused=fused)
 
 
 # -- reading a log back ---------------------------------------------------------------------------------

@@ -55,8 +55,9 @@ def decode(step: Step, prompt: torch.Tensor, max_new_tokens: int,
     """000 §6.1's loop: logits = step(tokens), token = choose(logits), append; stop after EOS.
 
     The reference loop without a cache (the engine is the fast one). ``choose`` is a decoding
-    rule from (N, V) logits to (N,) tokens, e.g. ``greedy`` or
-    ``functools.partial(sample, top_p=0.9, generator=g)``.
+    rule from (N, V) logits to (N,) tokens, e.g. ``greedy``,
+    ``functools.partial(sample, top_p=0.9, generator=g)``, or the engine's rule for one setting,
+    ``functools.partial(SamplingParams(top_p=0.9).choose, generator=g)``.
 
     Returns:
         (N, T0 + L) or (T0 + L,) like the prompt, L ≤ max_new_tokens; a row that has emitted

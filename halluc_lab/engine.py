@@ -6,8 +6,8 @@ recursion), 004 §6.2 steps 1–6, 002 "Cached Generation".
 
 One call does it all::
 
-    result = generate(model, [[5, 6, 7], [8]], max_new_tokens=20, top_p=0.9, stop_tokens=(2,),
-                      generator=torch.Generator().manual_seed(0))
+    result = generate(model, [[5, 6, 7], [8]], 20, sampling=SamplingParams(top_p=0.9),
+                      stop_tokens=(2,), generator=torch.Generator().manual_seed(0))
     result.token_lists()      # generated tokens of each row
     result.logprobs           # (N, M) log π(token | context) of each generated token
 
@@ -51,6 +51,9 @@ Where the code departs from the documents:
   whatever the sampling setting: the quantity the training losses of chapters 8–10 use.
 - A prompt is prefilled except its last token, which the first step feeds; so every generated
   token, the first included, comes out of the same step code.
+
+NaN (or +inf) logits never become tokens: each step folds a flag into the rows' records on the
+device (no host wait), and :meth:`Engine.result` raises :class:`NonFiniteLogits` naming the rows.
 """
 
 from __future__ import annotations
@@ -67,10 +70,12 @@ from torch import nn
 
 from halluc_lab import sampling
 from halluc_lab.device import compile_for_capture, distinct_indices, host_copies, to_device
-from halluc_lab.engine_checks import MAX_STOP_TOKENS, check_count, check_force, check_start, prompt_lists
+from halluc_lab.engine_checks import (MAX_STOP_TOKENS, NonFiniteLogits, check_context,  # noqa: F401
+                                      check_count, check_engine, check_finite, check_force,
+                                      check_start, model_context, prompt_lists)
 from halluc_lab.engine_graphs import PrefillGraphs, capture_step
 from halluc_lab.kv_cache import KVCache, rollback_request
-from halluc_lab.sampling import SamplingParams  # defined with the rules it selects; imported from here too
+from halluc_lab.sampling import GREEDY, SamplingParams  # noqa: F401 (also imported from here)
 
 Tensor = torch.Tensor
 MAX_ENGINES_PER_MODEL = 6  # engine_for keeps this many engines (kinds × batch buckets × lengths) per model
@@ -109,7 +114,7 @@ class Engine:
     """
 
     # Buffers a step writes that the warm-up before a capture must leave as they were.
-    _STEP_STATE = ("tok", "n_out", "finished", "stopped", "force_tok", "force_mask")
+    _STEP_STATE = ("tok", "n_out", "finished", "stopped", "force_tok", "force_mask", "nonfinite")
 
     def __init__(self, model: nn.Module, batch_size: int, max_positions: int, *,
                  dtype: torch.dtype | None = None, cuda_graph: bool | None = None, fused: bool = False) -> None:
@@ -118,14 +123,7 @@ class Engine:
         self._keep = model  # a strong reference, dropped by engine_for (see there)
         self.vocab_size = model.config.vocab_size
         self.dtype = weight.dtype if dtype is None else dtype
-        self.use_graph = (self.device.type == "cuda") if cuda_graph is None else bool(cuda_graph)
-        if self.use_graph and self.device.type != "cuda":
-            raise ValueError(f"cuda_graph=True needs a model on a CUDA device, the model is on {self.device}")
-        if not isinstance(fused, bool):
-            raise TypeError(f"fused must be a bool, got {fused!r}")
-        if fused and not self.use_graph:
-            raise ValueError("fused=True compiles the step for its CUDA graph: it needs a model on a CUDA device "
-                             f"and cuda_graph left on (the model is on {self.device}, cuda_graph={cuda_graph})")
+        self.use_graph = check_engine(model, max_positions, cuda_graph, fused)  # before allocating
         self.fused = fused
         self._fused_body = None  # the compiled step, made at the first capture
         self.cache = KVCache.for_model(model.config, batch_size, max_positions, dtype=self.dtype, device=self.device)
@@ -141,6 +139,7 @@ class Engine:
         self.stopped = z(B, dtype=torch.bool)  # (B,) row stopped on a stop token
         self.force_tok = z(B)  # (B,) the caller's tokens for the next step
         self.force_mask = z(B, dtype=torch.bool)  # (B,) which rows take force_tok next step
+        self.nonfinite = z(B, dtype=torch.bool)  # (B,) the row met NaN logits (see result())
         self.stop_buf = torch.full((MAX_STOP_TOKENS,), -1, dtype=torch.long, device=dev)  # -1 matches nothing
         self.out_tokens = z(B, T)  # (B, T) generated tokens at columns 0 … n_out-1
         self.out_logprobs = z(B, T, dtype=torch.float32)  # (B, T)
@@ -213,6 +212,7 @@ class Engine:
         self.finished[:N] = False
         self.stopped.zero_()
         self.force_mask.zero_()
+        self.nonfinite.zero_()
         self.stop_buf.copy_(to_device(list(stop_tokens) + [-1] * (MAX_STOP_TOKENS - len(stop_tokens)), self.device))
         self._prefill(prompts, n_samples)
 
@@ -252,16 +252,14 @@ class Engine:
 
     def _step_body(self) -> None:
         """One decode step for every row, on the device only (no host sync): what the graph captures."""
-        p = self.params
         logits = self._logits(self.model(self.tok[:, None], cache=self.cache)[:, -1])  # (B, V) next-token logits
         self.cache.lengths -= self.finished.long()  # finished rows keep their length (their write is masked)
         logp = sampling.log_softmax(logits, validate=False)  # (B, V) float32, temperature 1
-        if p.greedy:
-            choice = sampling.greedy(logits, validate=False)  # (B,)
-        else:
-            choice = sampling.sample(logits, p.temperature, p.top_k, p.top_p, self.generator, validate=False)
+        choice = self.params.choose(logits, self.generator, validate=False)  # (B,)
         token = torch.where(self.force_mask, self.force_tok, choice)  # (B,) the caller's token wins
-        self._record(token, logp.gather(1, token[:, None])[:, 0])
+        token_logp = logp.gather(1, token[:, None])[:, 0]  # (B,) NaN if a logit is NaN or +inf
+        self.nonfinite |= ~self.finished & token_logp.isnan()  # one (B,) test; result() reads it
+        self._record(token, token_logp)
         self.force_mask.zero_()  # a forced token applies to one step
 
     def _logits(self, logits: Tensor) -> Tensor:
@@ -364,12 +362,13 @@ class Engine:
     # -- results ------------------------------------------------------------------------------
 
     def result(self) -> GenerationResult:
-        """The rows in use, trimmed to the longest; copies the generator's state back to the caller's."""
+        """The rows in use, trimmed to the longest (:class:`NonFiniteLogits` if one met NaN
+        logits); copies the generator's state back to the caller's."""
         if self.params is None:
             raise RuntimeError("call start() before result()")
         N = self.n_rows
         lengths = self.n_out[:N].clone()  # (N,)
-        M = max(1, int(lengths.max()))
+        M = max(1, check_finite(lengths, self.nonfinite[:N]))  # one wait for the device
         inside = torch.arange(M, device=self.device)[None, :] < lengths[:, None]  # (N, M)
         if self._user_generator is not None:
             self._user_generator.set_state(self.generator.get_state())
@@ -395,7 +394,8 @@ def engine_for(model: nn.Module, batch_size: int, max_positions: int, *, dtype: 
     check_count("batch_size", batch_size)
     engine_type = engine_type or Engine
     bucket = 1 << (batch_size - 1).bit_length()  # 1, 2, 4, 8, ...
-    positions = 64 * math.ceil(max_positions / 64)
+    rounded = min(64 * math.ceil(max_positions / 64), model_context(model) or math.inf)
+    positions = max(max_positions, rounded)  # never past the model's context
     dtype = dtype or model.embed_tokens.weight.dtype
     key = (engine_type, tuple(sorted(options.items())), bucket, positions, dtype, cuda_graph,
            model.embed_tokens.weight.device)
@@ -412,35 +412,38 @@ def engine_for(model: nn.Module, batch_size: int, max_positions: int, *, dtype: 
 
 
 def generate(model: nn.Module, prompts: Sequence[Sequence[int]] | Tensor, max_new_tokens: int, *,
-             temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
-             greedy: bool = False, stop_tokens: Sequence[int] = (), generator: torch.Generator | None = None,
-             dtype: torch.dtype | None = None, n_samples: int = 1, engine_type: type[Engine] | None = None,
+             sampling: SamplingParams = SamplingParams(), stop_tokens: Sequence[int] = (),
+             generator: torch.Generator | None = None, dtype: torch.dtype | None = None,
+             n_samples: int = 1, engine_type: type[Engine] | None = None,
              **engine_options) -> GenerationResult:
     """Continue each prompt by up to ``max_new_tokens`` tokens (000 §6.1 with a KV cache).
 
-    ``prompts``: a list of prompts (lists of token ids, any lengths) or a 2-D tensor ``(N, T)``; a single
-    prompt (a flat list or a 1-D tensor) is refused: pass ``[prompt]``. Sampling: ``greedy``, or
-    temperature with optional top-k/top-p (:mod:`halluc_lab.sampling`), drawn from ``generator`` (on the
-    model's device). A row stops after a token in ``stop_tokens`` (which is kept). Same generator state,
-    same tokens. ``n_samples`` = G continuations per prompt from one prefill; the result's rows are
-    prompt-major (rows p·G … p·G+G-1 belong to prompt p). ``engine_type`` and ``engine_options``: another
-    kind of engine and its options (:func:`halluc_lab.backtrack.rollout` passes the backspace engine's).
+    ``prompts``: a list of prompts (lists of token ids, any lengths) or a 2-D tensor ``(N, T)``;
+    a single prompt (a flat list or a 1-D tensor) is refused: pass ``[prompt]``. ``sampling``: how
+    each token is chosen (:class:`~halluc_lab.sampling.SamplingParams`; default: temperature 1),
+    drawn from ``generator`` (on the model's device). A row stops after a token in ``stop_tokens``
+    (which is kept). Same generator state, same tokens. ``n_samples`` = G continuations per prompt
+    from one prefill; rows are prompt-major (rows p·G … p·G+G-1 belong to prompt p).
+    ``engine_type`` and ``engine_options``: another kind of engine and its options
+    (:func:`halluc_lab.backtrack.rollout` passes the backspace engine's). A prompt plus
+    ``max_new_tokens`` past the model's ``config.max_positions`` is refused before allocating.
 
     Example::
 
-        out = generate(model, [[1, 2, 3]], 10, greedy=True)
+        out = generate(model, [[1, 2, 3]], 10, sampling=SamplingParams(greedy=True))
         out.token_lists()     # [[...10 ids...]]
         group = generate(model, [[1, 2, 3], [4]], 10, n_samples=8, generator=g)   # 16 rows, 8 per prompt
     """
-    params = SamplingParams(greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p)
     prompts = prompt_lists(prompts)
     check_count("max_new_tokens", max_new_tokens)
     check_count("n_samples", n_samples, " (samples per prompt)")
     if not prompts:
         raise ValueError("prompts must hold at least one prompt")
+    check_context(prompts, max_new_tokens, model_context(model))
     longest = max(len(p) for p in prompts)
     eng = engine_for(model, len(prompts) * n_samples, longest + max_new_tokens, dtype=dtype, engine_type=engine_type,
                      **engine_options)
-    eng.start(prompts, max_new_tokens, params, stop_tokens=stop_tokens, generator=generator, n_samples=n_samples)
+    eng.start(prompts, max_new_tokens, sampling, stop_tokens=stop_tokens, generator=generator,
+              n_samples=n_samples)
     eng.run()
     return eng.result()

@@ -4,6 +4,9 @@ Bad input gets a clear error naming the argument and the allowed range (ARCHITEC
 the engine changes anything: a raw ``IndexError`` from an embedding, or a token silently clamped, is
 what these checks prevent. They live apart from the engine so that it reads as generation only.
 
+After a run, :func:`check_finite` reads the rows' NaN flags with their lengths (one wait for the
+device) and raises :class:`NonFiniteLogits`: NaN logits never become tokens silently.
+
 Prompts: a list of prompts (each a list of token ids or a 1-D tensor) or a 2-D tensor ``(N, T)``.
 A flat list of ints or a 1-D tensor is refused rather than guessed at (one prompt of T tokens, or
 T prompts of one token?): pass ``[prompt]``.
@@ -52,6 +55,63 @@ def prompt_lists(prompts: Sequence[Sequence[int]] | Tensor) -> list[list[int]]:
     return out
 
 
+def model_context(model) -> int | None:
+    """The positions a model is meant for (``config.max_positions``), or None."""
+    return getattr(getattr(model, "config", None), "max_positions", None)
+
+
+def check_context(prompts: list[list[int]], max_new_tokens: int, context: int | None,
+                  name: str = "max_new_tokens") -> None:
+    """ValueError, before any cache is allocated, unless every prompt plus ``max_new_tokens`` (the
+    argument ``name``) fits the model's ``context`` (None: no limit)."""
+    if context is None:
+        return
+    b, longest = max(enumerate(map(len, prompts)), key=lambda item: item[1])
+    if longest >= context:
+        raise ValueError(f"prompt {b} has {longest} tokens; the model's context is "
+                         f"config.max_positions={context}, so a prompt may hold at most "
+                         f"{context - 1} (room for one new token)")
+    if longest + max_new_tokens > context:
+        prompt = f"the longest prompt has {longest} tokens and " if longest else ""
+        raise ValueError(f"{name} must be at most {context - longest} here, got {max_new_tokens}: "
+                         f"{prompt}the model's context is config.max_positions={context}")
+
+
+def check_engine(model, max_positions: int, cuda_graph: bool | None, fused: bool) -> bool:
+    """:class:`~halluc_lab.engine.Engine`'s options, checked before its cache is allocated;
+    returns whether it captures CUDA graphs (default: on a CUDA device)."""
+    device = model.embed_tokens.weight.device
+    use_graph = (device.type == "cuda") if cuda_graph is None else bool(cuda_graph)
+    if use_graph and device.type != "cuda":
+        raise ValueError(f"cuda_graph=True needs a model on a CUDA device, the model is on "
+                         f"{device}")
+    if not isinstance(fused, bool):
+        raise TypeError(f"fused must be a bool, got {fused!r}")
+    if fused and not use_graph:
+        raise ValueError("fused=True compiles the step for its CUDA graph: it needs a model on a "
+                         f"CUDA device and cuda_graph left on (the model is on {device}, "
+                         f"cuda_graph={cuda_graph})")
+    check_count("max_positions", max_positions)
+    check_context([[]], max_positions, model_context(model), "max_positions")
+    return use_graph
+
+
+class NonFiniteLogits(FloatingPointError):
+    """The model gave NaN (or +inf) next-token logits: no token can be chosen from them."""
+
+
+def check_finite(lengths: Tensor, nonfinite: Tensor) -> int:
+    """The longest of ``lengths`` (N,), read in one wait with the rows' NaN flags ``nonfinite``
+    (N,); raises :class:`NonFiniteLogits` naming the rows if a flag is set."""
+    longest, bad = torch.stack([lengths.max(), nonfinite.any().long()]).tolist()
+    if bad:
+        rows = nonfinite.nonzero()[:, 0].tolist()
+        more = " …" if len(rows) > 8 else ""
+        raise NonFiniteLogits(f"the model gave NaN (or +inf) next-token logits in rows {rows[:8]}"
+                              f"{more}: its weights or activations are not finite")
+    return longest
+
+
 def check_start(prompts: Sequence[Sequence[int]] | Tensor, max_new_tokens: int, params, stop_tokens: Sequence[int],
                 generator: torch.Generator | None, n_samples: int, *, batch_size: int, max_positions: int,
                 vocab_size: int, device: torch.device) -> list[list[int]]:
@@ -79,7 +139,6 @@ def check_start(prompts: Sequence[Sequence[int]] | Tensor, max_new_tokens: int, 
     for t in stop_tokens:
         if not is_int(t) or not 0 <= t < V:
             raise ValueError(f"unknown stop token {t!r}: stop tokens must be ids in [0, {V - 1}]")
-    params.check(V)
     if generator is not None and (not isinstance(generator, torch.Generator) or generator.device.type != device.type):
         raise ValueError(f"generator must be a torch.Generator on {device.type} (the model's device)")
     return prompts

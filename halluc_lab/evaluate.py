@@ -35,8 +35,9 @@ import torch
 
 from halluc_lab.backtrack import rollout
 from halluc_lab.data import IGNORE, Encoded, encode_example, pad
-from halluc_lab.engine import SamplingParams, engine_for, generate
+from halluc_lab.engine import engine_for, generate
 from halluc_lab.losses import causal_lm_loss
+from halluc_lab.sampling import GREEDY, SamplingParams
 from halluc_lab.scoring import (ABSTAINED, CORRECT, OUTCOMES, WRONG, AnswerScores, BackspaceUse,  # noqa: F401
                                 backspace_use, erasures, lam_for_target, mistakes, mistakes_after_first,
                                 score_answers)
@@ -129,33 +130,34 @@ def distinct_examples_by_length(task: Task, split: str, n: int, seed: int, *,
 
 # -- free running (000 §7.1) -----------------------------------------------------------------------
 def complete(model: torch.nn.Module, tok: Tokenizer, prompts: Sequence[str], max_new_tokens: int, *,
-             greedy: bool = True, temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
-             generator: torch.Generator | None = None, dtype: torch.dtype | None = None, chunk: int = CHUNK,
+             sampling: SamplingParams = GREEDY, generator: torch.Generator | None = None,
+             dtype: torch.dtype | None = None, chunk: int = CHUNK,
              allow_bksp: bool = True) -> list[str]:
     """Free-running completions of ``<bos> prompt`` through :func:`halluc_lab.engine.generate`,
-    stopped at ``<eos>`` (kept in the text), ``chunk`` prompts at a time. A ``<bksp>`` stays in the text (the
-    scoring applies it) and in the context; ``allow_bksp=False`` decodes the same weights with ``<bksp>`` masked
-    out (:func:`halluc_lab.backtrack.rollout`)."""
+    stopped at ``<eos>`` (kept in the text), ``chunk`` prompts at a time. ``sampling``: greedy
+    unless given (e.g. ``SamplingParams(temperature=0.5)``, drawn from ``generator``). A ``<bksp>``
+    stays in the text (the scoring applies it) and in the context; ``allow_bksp=False`` decodes the
+    same weights with ``<bksp>`` masked out (:func:`halluc_lab.backtrack.rollout`)."""
     out: list[str] = []
     with _eval_mode(model):
         for i in range(0, len(prompts), chunk):
             ids = [[tok.bos_id, *tok.encode(p)] for p in prompts[i:i + chunk]]
-            kw = dict(greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p, stop_tokens=(tok.eos_id,),
-                      generator=generator, dtype=dtype)
+            kw = dict(sampling=sampling, stop_tokens=(tok.eos_id,), generator=generator,
+                      dtype=dtype)
             res = (generate(model, ids, max_new_tokens, **kw) if allow_bksp else
                    rollout(model, ids, max_new_tokens, bksp_id=tok.bksp_id, context="keep", allow_bksp=False, **kw))
             out += [tok.decode(t) for t in res.token_lists()]
     return out
 
 
-def free_run(model: torch.nn.Module, tok: Tokenizer, examples: Sequence[Example], *, greedy: bool = True,
-             temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
-             generator: torch.Generator | None = None, allow_bksp: bool = True) -> list[str]:
-    """The model's own answers to the examples' prompts, with :func:`answer_budget` tokens each:
-    greedy, or sampled at ``temperature`` (and ``top_k``, ``top_p``) from ``generator`` (on the model's
-    device); ``allow_bksp=False``: ``<bksp>`` masked out."""
-    return complete(model, tok, [e.prompt for e in examples], answer_budget(examples), greedy=greedy,
-                    temperature=temperature, top_k=top_k, top_p=top_p, generator=generator, allow_bksp=allow_bksp)
+def free_run(model: torch.nn.Module, tok: Tokenizer, examples: Sequence[Example], *,
+             sampling: SamplingParams = GREEDY, generator: torch.Generator | None = None,
+             allow_bksp: bool = True) -> list[str]:
+    """The model's own answers to the examples' prompts, with :func:`answer_budget` tokens each,
+    chosen by ``sampling`` (greedy unless given; drawn from ``generator``, on the model's device);
+    ``allow_bksp=False``: ``<bksp>`` masked out."""
+    return complete(model, tok, [e.prompt for e in examples], answer_budget(examples),
+                    sampling=sampling, generator=generator, allow_bksp=allow_bksp)
 
 
 # -- teacher forcing (002) ---------------------------------------------------------------------------
@@ -297,7 +299,7 @@ def forced_error(model: torch.nn.Module, tok: Tokenizer, task: Task, examples: S
         rows = forced[i:i + chunk]
         eng = engine_for(model, len(prompts), max(map(len, prompts)) + budget)
         with _eval_mode(model):
-            eng.start(prompts, budget, SamplingParams(greedy=True), stop_tokens=(tok.eos_id,))
+            eng.start(prompts, budget, GREEDY, stop_tokens=(tok.eos_id,))
             for j in range(position + 1):
                 eng.step(force={b: row[j] for b, row in enumerate(rows)})
             eng.run()

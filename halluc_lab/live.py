@@ -53,29 +53,27 @@ class LiveSampler:
         return [self.tokenizer.bos_id, *self.tokenizer.encode(prompt)]
 
     @staticmethod
-    def _knobs(top_k: int, top_p: float) -> tuple[int | None, float | None]:
-        """The widgets' "off" positions (k = 0, p = 1) as sampling's None."""
-        return (top_k or None), (None if top_p >= 1.0 else top_p)
+    def params(temperature: float, top_k: int = 0, top_p: float = 1.0) -> sampling.SamplingParams:
+        """The sliders' setting; their "off" positions (k = 0, p = 1) are no filter."""
+        return sampling.SamplingParams(temperature=temperature, top_k=top_k or None,
+                                       top_p=None if top_p >= 1.0 else top_p)
 
     @torch.no_grad()
-    def distribution(self, prompt: str, temperature: float, top_k: int = 0, top_p: float = 1.0
-                     ) -> list[tuple[str, float]]:
-        """The ``shown`` likeliest next tokens and their probabilities under the knobs (0 for a filtered one)."""
+    def distribution(self, prompt: str, params: sampling.SamplingParams) -> list[tuple[str, float]]:
+        """The ``shown`` likeliest next tokens, and their probabilities under ``params``."""
         device = next(self.model.parameters()).device
         logits = self.model(torch.tensor([self._ids(prompt)], device=device))[0, -1].float().cpu()  # (V,)
-        k, p = self._knobs(top_k, top_p)
-        probs = sampling.softmax(sampling.filter_logits(logits, temperature, k, p))  # (V,)
-        raw = sampling.softmax(logits, temperature)  # (V,) the order before filtering
+        probs = sampling.softmax(sampling.filter_logits(logits, params.temperature, params.top_k,
+                                                        params.top_p))  # (V,)
+        raw = sampling.softmax(logits, params.temperature)  # (V,) the order before filtering
         order = torch.argsort(raw, descending=True, stable=True)[:self.shown]
         return [(self.tokenizer.tokens[i], float(probs[i])) for i in order.tolist()]
 
-    def continuation(self, prompt: str, temperature: float, top_k: int = 0, top_p: float = 1.0, *,
-                     seed: int = 0) -> str:
-        """A continuation sampled under the knobs (the engine's sampler), stopped after ``<eos>``."""
+    def continuation(self, prompt: str, params: sampling.SamplingParams, *, seed: int = 0) -> str:
+        """A continuation sampled under ``params`` by the engine, stopped after ``<eos>``."""
         device = next(self.model.parameters()).device
-        k, p = self._knobs(top_k, top_p)
-        out = generate(self.model, [self._ids(prompt)], self.max_new_tokens, temperature=temperature, top_k=k,
-                       top_p=p, stop_tokens=(self.tokenizer.eos_id,),
+        out = generate(self.model, [self._ids(prompt)], self.max_new_tokens, sampling=params,
+                       stop_tokens=(self.tokenizer.eos_id,),
                        generator=torch.Generator(device=device).manual_seed(seed))
         return self.tokenizer.decode(out.token_lists()[0])
 
@@ -104,8 +102,8 @@ def live_sampler(model: nn.Module, tokenizer: Tokenizer, prompts: Sequence[str],
     shown, sampled = widgets.HTML(), widgets.HTML()
     draws = {"n": 0}  # each click draws anew; the same clicks give the same draws
 
-    def knobs() -> tuple:
-        return prompt.value, temperature.value, top_k.value, top_p.value
+    def knobs() -> tuple[str, sampling.SamplingParams]:
+        return prompt.value, live.params(temperature.value, top_k.value, top_p.value)
 
     def redraw(_=None) -> None:
         try:

@@ -324,11 +324,13 @@ class Transformer(nn.Module):
         ``cache.lengths[b] + i``) and every row's length grows by T. ``logits_to_keep``: 0 = every
         position; an int k = the last k, ``(B, k, V)``; a tensor of positions ``(K,)`` (the same in every
         row) or ``(B, K)`` (per row) gives ``(B, K, V)``; an empty ``(0,)`` tensor skips the head.
+        Positions past ``config.max_positions`` (T, after what the cache holds) raise ValueError.
         """
         self._check_input_ids(input_ids)
         B, T = input_ids.shape
         device = input_ids.device
         keep = check_logits_to_keep(logits_to_keep, B, T, device)  # checked before the cache changes
+        self._check_context(T, cache)
         slots, n_keys = None, 0
         if cache is not None:
             if segment_ids is not None:
@@ -357,6 +359,15 @@ class Transformer(nn.Module):
             cache.advance(T)
         h = self.norm(keep_positions(h, keep))  # (B, K, d): the norm is per position, so slice first
         return F.linear(h, self.embed_tokens.weight) if self.lm_head is None else self.lm_head(h)  # (B, K, V)
+
+    def _check_context(self, T: int, cache: KVCache | None) -> None:
+        """ValueError for positions past ``config.max_positions``: T new ones after the cache's."""
+        held = 0 if cache is None else cache.bound  # a host-side bound, no sync; 0 in a capture
+        context = self.config.max_positions
+        if held + T > context:
+            cached = f", the cache holds up to {held}" if cache is not None else ""
+            raise ValueError(f"a forward pass to position {held + T} is past the model's context, "
+                             f"config.max_positions={context} (input_ids has T={T}{cached})")
 
     def _check_input_ids(self, input_ids: Tensor) -> None:
         """An int tensor ``(B, T)``, T ≥ 1, ids in ``[0, V)`` (one min/max sync, skipped in CUDA graph capture)."""

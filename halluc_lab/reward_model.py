@@ -147,8 +147,8 @@ class SampleGroups:
 
 
 def sample_groups(model: nn.Module, tok: Tokenizer, task: Task, examples: Sequence[Example], n_samples: int, *,
-                  seed: int, lam: float = 1.0, temperature: float = 1.0) -> SampleGroups:
-    """``n_samples`` completions of each example's prompt from ``model`` (one prefill per prompt, fanned out
+                  seed: int, lam: float = 1.0) -> SampleGroups:
+    """``n_samples`` completions at τ = 1 of each prompt (one prefill per prompt, fanned out
     by the engine), each scored by the task's verifier through :func:`~halluc_lab.evaluate.score_answers`:
     +1 correct, 0 abstained, −``lam`` wrong. Answers get :func:`~halluc_lab.evaluate.answer_budget` tokens."""
     check_count("n_samples", n_samples, 1)
@@ -161,7 +161,7 @@ def sample_groups(model: nn.Module, tok: Tokenizer, task: Task, examples: Sequen
     try:
         step = max(1, CHUNK // n_samples)  # prompts per engine call
         for i in range(0, len(prompts), step):
-            tokens += generate(model, prompts[i:i + step], budget, temperature=temperature, stop_tokens=(tok.eos_id,),
+            tokens += generate(model, prompts[i:i + step], budget, stop_tokens=(tok.eos_id,),
                                generator=g, n_samples=n_samples).token_lists()
     finally:
         model.train(was_training)

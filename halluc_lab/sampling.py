@@ -26,7 +26,13 @@ Where this departs from the documents (the chapter shows each):
   (what the engine calls) draws from it in a third to a half of the kernels: it sorts once
   and races exponentials over the ranks (its comments say why), so with a filter its tokens differ.
 - Softmaxes are computed in float32 at least (float64 stays float64), so that bf16 logits
-  divided by a small temperature do not overflow.
+  divided by a small temperature do not overflow. The row maximum is subtracted *before* dividing by
+  τ ≠ 1, so every scaled logit is ≤ 0: huge logits (3e38) at a small τ give a one-hot distribution,
+  not inf − inf = NaN.
+- The temperature floor: τ below :data:`MIN_TEMPERATURE` (float32's smallest normal number, about
+  1.2e-38) is refused with a ValueError, never rounded to 0 (which gave NaN and token 0). For τ → 0
+  decode greedily (:func:`greedy`, ``SamplingParams(greedy=True)``), the limit Proposition 1 names.
+  Likewise τ above :data:`MAX_TEMPERATURE` (3.4e38), which float32 holds as inf.
 """
 
 from __future__ import annotations
@@ -41,6 +47,8 @@ import torch
 from halluc_lab import information  # chapter 1's module owns the definition of entropy
 
 Param = float | int | torch.Tensor  # a scalar, or a tensor with one value per row
+MIN_TEMPERATURE = torch.finfo(torch.float32).tiny  # the smallest τ accepted (module docstring)
+MAX_TEMPERATURE = torch.finfo(torch.float32).max  # the largest: beyond it float32 holds inf
 
 
 # --- checks -----------------------------------------------------------------------------------
@@ -86,15 +94,41 @@ def _row_param(value: Param, name: str, logits: torch.Tensor, allowed: str,
     return value
 
 
-def _temperature(value: Param, logits: torch.Tensor, validate: bool) -> Param:
-    # A finite τ: -inf / inf is NaN, and τ → ∞ is a limit, not a setting (000 §2.4).
-    return _row_param(value, "temperature", logits, "(0, inf)",
-                      lambda t: (t > 0) & (t < math.inf), integer=False, validate=validate)
+def _temperature(value: Param, logits: torch.Tensor | None, validate: bool) -> Param:
+    # A finite τ: -inf / inf is NaN, and τ → ∞ is a limit, not a setting (000 §2.4). Below the
+    # floor float32 rounds τ to 0 or loses its digits: τ → 0 is greedy, a rule of its own.
+    allowed = (f"(0, inf), at least {MIN_TEMPERATURE:.3g} and at most {MAX_TEMPERATURE:.3g} "
+               "(float32's normal numbers; for tau -> 0 decode greedily)")
+    return _row_param(value, "temperature", logits, allowed,
+                      lambda t: (t >= MIN_TEMPERATURE) & (t <= MAX_TEMPERATURE), integer=False,
+                      validate=validate)
+
+
+def _top_k(value: int | torch.Tensor, logits: torch.Tensor | None, validate: bool) -> Param:
+    return _row_param(value, "k", logits, "[1, inf)", lambda x: x >= 1, integer=True,
+                      validate=validate)
+
+
+def _top_p(value: float | torch.Tensor, logits: torch.Tensor | None, validate: bool) -> Param:
+    return _row_param(value, "p", logits, "(0, 1]", lambda x: (x > 0) & (x <= 1), integer=False,
+                      validate=validate)
 
 
 def _work(logits: torch.Tensor) -> torch.Tensor:
     """Promote half precision to float32; float32 and float64 stay as they are."""
     return logits.to(torch.promote_types(logits.dtype, torch.float32))
+
+
+def _is_one(tau: Param) -> bool:
+    return not isinstance(tau, torch.Tensor) and tau == 1
+
+
+def _scaled(logits: torch.Tensor, tau: Param) -> torch.Tensor:
+    """z/τ up to a per-row constant, (..., V): (z − max z)/τ, every entry ≤ 0 and the largest 0, so
+    nothing overflows to inf and no inf − inf makes a NaN."""
+    z = _work(logits)  # (..., V)
+    shifted = z - z.amax(dim=-1, keepdim=True)  # (..., V)
+    return shifted if _is_one(tau) else shifted / tau
 
 
 # --- softmax, temperature, entropy (000 §2.3–2.4, 001 eq. 10) ----------------------------------
@@ -104,7 +138,7 @@ def log_softmax(logits: torch.Tensor, temperature: Param = 1.0, *, validate: boo
 
     Args:
         logits: (..., V) logits z; -inf entries get log-probability -inf.
-        temperature: τ in (0, inf), a number or one value per row, shape (...).
+        temperature: τ in [MIN_TEMPERATURE, MAX_TEMPERATURE], a number or one per row, shape (...).
 
     Returns:
         (..., V) log-probabilities, float32 or float64.
@@ -114,11 +148,9 @@ def log_softmax(logits: torch.Tensor, temperature: Param = 1.0, *, validate: boo
         tensor([0.6590, 0.2424, 0.0986])
     """
     _check_logits(logits, validate)
-    tau = _temperature(temperature, logits, validate)
-    z = _work(logits) / tau  # (..., V)
     # Subtracting the row maximum changes nothing mathematically (it cancels) but keeps every
     # exponent ≤ 0, so logits of ±1e4 at τ = 1e-4 neither overflow nor lose the top token.
-    shifted = z - z.amax(dim=-1, keepdim=True)  # (..., V)
+    shifted = _scaled(logits, _temperature(temperature, logits, validate))  # (..., V)
     return shifted - shifted.exp().sum(dim=-1, keepdim=True).log()
 
 
@@ -180,7 +212,7 @@ def top_k_filter(logits: torch.Tensor, k: int | torch.Tensor, *, validate: bool 
         tensor([2., 1., -inf])
     """
     _check_logits(logits, validate)
-    k = _row_param(k, "k", logits, "[1, inf)", lambda x: x >= 1, integer=True, validate=validate)
+    k = _top_k(k, logits, validate)
     rank = torch.arange(logits.shape[-1], device=logits.device)  # (V,)
     return _keep_sorted(logits, lambda sorted_logits, order: rank < k)
 
@@ -204,8 +236,7 @@ def top_p_filter(logits: torch.Tensor, p: float | torch.Tensor, *, validate: boo
         tensor([2., 1., -inf])
     """
     _check_logits(logits, validate)
-    p = _row_param(p, "p", logits, "(0, 1]", lambda x: (x > 0) & (x <= 1), integer=False,
-                   validate=validate)
+    p = _top_p(p, logits, validate)
 
     def keep(sorted_logits: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
         probs = torch.softmax(_work(sorted_logits), dim=-1)  # (..., V), decreasing; as sample() computes it
@@ -221,10 +252,11 @@ def filter_logits(logits: torch.Tensor, temperature: Param = 1.0, top_k: int | t
                   top_p: float | torch.Tensor | None = None, *, validate: bool = True) -> torch.Tensor:
     """The logits that :func:`sample` draws from: z/τ, then top-k, then top-p (Hugging Face's order).
 
-    Returns (..., V) in float32 or float64; ``softmax`` of it is the sampling distribution.
+    Returns (..., V) in float32 or float64, shifted so that each row's largest entry is 0 (which
+    keeps huge logits at a small τ finite); ``softmax`` of it is the sampling distribution.
     """
     _check_logits(logits, validate)
-    z = _work(logits) / _temperature(temperature, logits, validate)  # (..., V)
+    z = _scaled(logits, _temperature(temperature, logits, validate))  # (..., V), all ≤ 0
     if top_k is not None:
         z = top_k_filter(z, top_k, validate=validate)
     if top_p is not None:
@@ -253,15 +285,13 @@ def _ranked_probs(logits: torch.Tensor, temperature: Param, top_k: int | torch.T
     ``drop[..., r]`` (..., W - 1) (None: drops nothing). Fixed shapes, no host sync."""
     _check_logits(logits, validate)
     tau = _temperature(temperature, logits, validate)
-    k = None if top_k is None else _row_param(top_k, "k", logits, "[1, inf)", lambda x: x >= 1, integer=True,
-                                              validate=validate)
-    p = None if top_p is None else _row_param(top_p, "p", logits, "(0, 1]", lambda x: (x > 0) & (x <= 1),
-                                              integer=False, validate=validate)
+    k = None if top_k is None else _top_k(top_k, logits, validate)
+    p = None if top_p is None else _top_p(top_p, logits, validate)
     V, fixed_k, fixed_p = logits.shape[-1], not isinstance(k, torch.Tensor), not isinstance(p, torch.Tensor)
     k = None if fixed_k and k is not None and k >= V else k  # filters that keep every token cost nothing
     p = None if fixed_p and p is not None and p >= 1 else p
-    fixed_tau = not isinstance(tau, torch.Tensor) and tau == 1
-    z = _work(logits) if fixed_tau else _work(logits) / tau  # (..., V); z / 1 is z
+    # At τ = 1 softmax's own shift by the row maximum gives _scaled's bits, with one kernel less.
+    z = _work(logits) if _is_one(tau) else _scaled(logits, tau)  # (..., V)
     if k is None and p is None:
         return torch.softmax(z, dim=-1), None, None
     # Rank space, never scattered back: sample a rank, then read its token from `order`. The stable
@@ -312,18 +342,60 @@ def sample(logits: torch.Tensor, temperature: Param = 1.0, top_k: int | torch.Te
     return (rank if order is None else order.gather(-1, rank))[..., 0]
 
 
+class ConflictingSamplingParams(ValueError):
+    """Sampling settings that contradict each other: greedy=True with a temperature or a filter."""
+
+
 @dataclass(frozen=True)
 class SamplingParams:
-    """How the next token is chosen (000 §4, 001 eq. 10)."""
+    """How the next token is chosen (000 §4, 001 eq. 10): the one object that carries these knobs
+    from a notebook through :mod:`halluc_lab.evaluate` and the RL loops down to the engine.
 
-    greedy: bool = False  # argmax of the logits; temperature, top_k and top_p are then ignored
-    temperature: float = 1.0  # τ > 0: logits are divided by it before sampling
+    Checked when made: a bad knob raises ValueError/TypeError naming it, and ``greedy=True`` with a
+    temperature other than 1, a ``top_k`` or a ``top_p`` raises :class:`ConflictingSamplingParams`
+    (the argmax would silently ignore them).
+
+    Example:
+        >>> SamplingParams(temperature=0.7, top_p=0.9)
+        SamplingParams(greedy=False, temperature=0.7, top_k=None, top_p=0.9)
+        >>> SamplingParams(greedy=True, temperature=5.0)  # doctest: +IGNORE_EXCEPTION_DETAIL
+        Traceback (most recent call last):
+        ConflictingSamplingParams: greedy=True ... would ignore temperature=5.0; ...
+    """
+
+    greedy: bool = False  # argmax of the logits; temperature, top_k and top_p then left unset
+    temperature: float = 1.0  # τ in [MIN_TEMPERATURE, MAX_TEMPERATURE]: logits are divided by it
     top_k: int | None = None  # keep the k most likely tokens (000 Def. 6); None = all
     top_p: float | None = None  # keep the smallest set with mass ≥ p (000 Def. 7); None = all
 
-    def check(self, vocab_size: int) -> None:
-        """Raise ValueError/TypeError for a bad setting (sampling's own checks, on a dummy row)."""
+    def __post_init__(self) -> None:
         if not isinstance(self.greedy, bool):
             raise TypeError(f"greedy must be a bool, got {self.greedy!r}")
-        if not self.greedy:
-            filter_logits(torch.zeros(1, vocab_size), self.temperature, self.top_k, self.top_p)
+        for name in ("temperature", "top_k", "top_p"):
+            if isinstance(getattr(self, name), torch.Tensor):
+                raise TypeError(f"{name} must be a Python number in SamplingParams, not a tensor")
+        _temperature(self.temperature, None, validate=True)
+        if self.top_k is not None:
+            _top_k(self.top_k, None, validate=True)
+        if self.top_p is not None:
+            _top_p(self.top_p, None, validate=True)
+        if self.greedy:
+            unset = {"temperature": 1.0, "top_k": None, "top_p": None}
+            given = [f"{name}={getattr(self, name)!r}" for name, default in unset.items()
+                     if getattr(self, name) != default]
+            if given:
+                raise ConflictingSamplingParams(
+                    f"greedy=True takes the argmax and would ignore {', '.join(given)}; pass "
+                    "greedy=True alone, or greedy=False with the sampling settings")
+
+    def choose(self, logits: torch.Tensor, generator: torch.Generator | None = None, *,
+               validate: bool = True) -> torch.Tensor:
+        """One token per row of ``logits`` (..., V) under this setting: :func:`greedy` or
+        :func:`sample` (whose arguments these are)."""
+        if self.greedy:
+            return greedy(logits, validate=validate)
+        return sample(logits, self.temperature, self.top_k, self.top_p, generator,
+                      validate=validate)
+
+
+GREEDY = SamplingParams(greedy=True)  # the argmax: evaluation's default

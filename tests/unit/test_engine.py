@@ -2,9 +2,12 @@
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from halluc_lab import decoding, engine_graphs, sampling
 from halluc_lab import engine as engine_module
+from halluc_lab.backtrack import rollout
 from halluc_lab.engine import Engine, SamplingParams, engine_for, generate
 from halluc_lab.hf_convert import to_hf
 from halluc_lab.model import ModelConfig, Transformer
@@ -143,12 +146,12 @@ def test_engine_greedy_tokens_equal_hugging_face_generate():
     with torch.no_grad():
         want = hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=20, min_new_tokens=20,
                            do_sample=False, pad_token_id=0)[:, 9:]
-    assert generate(model, x.tolist(), 20, greedy=True).token_lists() == want.tolist()
+    assert generate(model, x.tolist(), 20, sampling=GREEDY).token_lists() == want.tolist()
 
 
 def test_generate_with_ragged_prompts_matches_each_row_alone():
     model, ps = tiny(), prompts(3)
-    res = generate(model, ps, 8, greedy=True)
+    res = generate(model, ps, 8, sampling=GREEDY)
     for p, row in zip(ps, res.token_lists()):
         alone = decoding.decode(lambda t: model(t)[:, -1], torch.tensor(p), 8)
         assert row == alone[len(p):].tolist()
@@ -157,15 +160,16 @@ def test_generate_with_ragged_prompts_matches_each_row_alone():
 def test_same_generator_state_same_tokens_and_the_generator_advances():
     model, ps = tiny(), prompts()
     g = torch.Generator().manual_seed(11)
-    first = generate(model, ps, 12, top_k=10, generator=g).token_lists()
-    second = generate(model, ps, 12, top_k=10, generator=g).token_lists()
-    again = generate(model, ps, 12, top_k=10, generator=torch.Generator().manual_seed(11)).token_lists()
+    first = generate(model, ps, 12, sampling=SamplingParams(top_k=10), generator=g).token_lists()
+    second = generate(model, ps, 12, sampling=SamplingParams(top_k=10), generator=g).token_lists()
+    again = generate(model, ps, 12, sampling=SamplingParams(top_k=10),
+                     generator=torch.Generator().manual_seed(11)).token_lists()
     assert first == again and first != second
 
 
 def test_generate_reuses_one_engine_per_bucket():
     model = tiny()
-    generate(model, prompts(3), 4, greedy=True)
+    generate(model, prompts(3), 4, sampling=GREEDY)
     eng = engine_for(model, 3, 11)
     assert eng.batch_size == 4 and eng.max_positions == 64
     assert engine_for(model, 4, 40) is eng
@@ -186,7 +190,8 @@ def test_engines_of_another_kind_or_options_are_cached_apart():
 
 def test_logprobs_are_the_models_at_temperature_one():
     model, ps = tiny(), prompts(2)
-    res = generate(model, ps, 5, temperature=0.3, generator=torch.Generator().manual_seed(0))
+    res = generate(model, ps, 5, sampling=SamplingParams(temperature=0.3),
+                   generator=torch.Generator().manual_seed(0))
     for p, toks, lps in zip(ps, res.token_lists(), res.logprobs.tolist()):
         seq = torch.tensor(p + toks)[None]
         with torch.no_grad():
@@ -282,10 +287,11 @@ def test_group_fan_out_prefills_each_prompt_once_and_computes_no_logits_there():
 
 def test_generate_accepts_a_2d_tensor_and_refuses_a_single_prompt():
     model, x = tiny(), torch.randint(0, V, (2, 5), generator=torch.Generator().manual_seed(0))
-    assert generate(model, x, 3, greedy=True).token_lists() == generate(model, x.tolist(), 3, greedy=True).token_lists()
+    from_tensor = generate(model, x, 3, sampling=GREEDY).token_lists()
+    assert from_tensor == generate(model, x.tolist(), 3, sampling=GREEDY).token_lists()
     for one in (x[0], x[0].tolist()):
         with pytest.raises(ValueError, match=r"for one prompt pass \[prompt\]"):
-            generate(model, one, 3, greedy=True)
+            generate(model, one, 3, sampling=GREEDY)
     for bad in (dict(n_samples=0), dict(n_samples="2")):
         with pytest.raises(ValueError, match="n_samples"):
             generate(model, x, 3, **bad)
@@ -361,10 +367,10 @@ def test_cuda_graph_generation_equals_uncached_reference_and_hugging_face():
     with torch.no_grad():
         want = to_hf(model).cuda().generate(x.cuda(), attention_mask=torch.ones_like(x).cuda(), max_new_tokens=20,
                                             min_new_tokens=20, do_sample=False, pad_token_id=0)[:, 9:]
-    got = generate(model, x.tolist(), 20, greedy=True)
+    got = generate(model, x.tolist(), 20, sampling=GREEDY)
     assert got.token_lists() == want.tolist()
     ref = reference(model, x.tolist(), STEPS * 4, TOP_P, torch.Generator("cuda").manual_seed(2), max_new=20)
-    sampled = generate(model, x.tolist(), 20, temperature=0.8, top_p=0.9,
+    sampled = generate(model, x.tolist(), 20, sampling=SamplingParams(temperature=0.8, top_p=0.9),
                        generator=torch.Generator("cuda").manual_seed(2))
     assert sampled.token_lists() == [[t for t, _, _ in row] for row in ref]
 
@@ -416,8 +422,8 @@ def test_fused_step_scores_forced_tokens_as_the_unfused_one_to_float32_rounding(
 @pytest.mark.gpu
 def test_fused_greedy_generation_equals_the_unfused_one_where_no_token_is_nearly_tied():
     model, ps = tiny().cuda(), prompts(8)
-    plain = generate(model, ps, 16, greedy=True)
-    fused = generate(model, ps, 16, greedy=True, fused=True)
+    plain = generate(model, ps, 16, sampling=GREEDY)
+    fused = generate(model, ps, 16, sampling=GREEDY, fused=True)
     assert fused.token_lists() == plain.token_lists()  # fp32, a tiny model: no two logits within rounding
     torch.testing.assert_close(fused.logprobs, plain.logprobs, atol=1e-4, rtol=1e-4)
 
@@ -426,8 +432,8 @@ def test_fused_greedy_generation_equals_the_unfused_one_where_no_token_is_nearly
 def test_bf16_engine_on_cuda_picks_what_fp32_scores_about_the_same():
     model = tiny().cuda()
     ps = prompts(8)
-    fp32 = generate(model, ps, 16, greedy=True)
-    bf16 = generate(model, ps, 16, greedy=True, dtype=torch.bfloat16)
+    fp32 = generate(model, ps, 16, sampling=GREEDY)
+    bf16 = generate(model, ps, 16, sampling=GREEDY, dtype=torch.bfloat16)
     assert bf16.lengths.tolist() == [16] * 8
     # The first token sees the same context in both: bf16 may flip a near-tie, never pick a poor token.
     torch.testing.assert_close(bf16.logprobs[:, 0], fp32.logprobs[:, 0], atol=0.1, rtol=0)
@@ -438,7 +444,7 @@ def test_generate_does_not_keep_the_model_alive():
     import weakref
 
     model = tiny()
-    generate(model, prompts(2), 3, greedy=True)
+    generate(model, prompts(2), 3, sampling=GREEDY)
     ref = weakref.ref(model)
     del model
     gc.collect()
@@ -505,3 +511,97 @@ def test_graph_bookkeeping_matches_eager_with_a_stand_in_graph(monkeypatch):
     assert graphed.token_lists() == eager.token_lists()
     torch.testing.assert_close(graphed.logprobs, eager.logprobs, atol=1e-5, rtol=0)
     assert torch.equal(graphed.sampled_mask, eager.sampled_mask)
+
+
+# -- numbers that must not go silently wrong ----------------------------------------------------
+
+def nan_model() -> Transformer:
+    model = tiny()
+    with torch.no_grad():
+        model.layers[0].mlp.down_proj.weight[0, 0] = float("nan")
+    return model
+
+
+@pytest.mark.parametrize("params", [GREEDY, TOP_P], ids=["greedy", "top_p"])
+def test_nan_logits_raise_a_named_error_instead_of_becoming_tokens(params):
+    with pytest.raises(engine_module.NonFiniteLogits, match=r"NaN .* rows \[0, 1\]"):
+        generate(nan_model(), prompts(2), 4, sampling=params, generator=torch.Generator())
+    with pytest.raises(engine_module.NonFiniteLogits):  # the backspace engine's result checks too
+        rollout(nan_model(), prompts(2), 4, bksp_id=3, sampling=params)
+
+
+def test_a_step_that_meets_nan_logits_flags_only_that_row():
+    model = tiny()
+    eng = Engine(model, 2, 32)
+    eng.start(prompts(2), 3, GREEDY)
+    eng.step()
+    eng.nonfinite[1] = True  # what a NaN logit in row 1's step leaves behind
+    with pytest.raises(engine_module.NonFiniteLogits, match=r"rows \[1\]"):
+        eng.result()
+    eng.start(prompts(2), 3, GREEDY)  # a new batch starts clean
+    eng.run()
+    assert eng.result().lengths.tolist() == [3, 3]
+
+
+def test_a_temperature_float32_cannot_hold_is_refused_before_generating():
+    for tau in (1e-300, 1e-40, 1e300):
+        with pytest.raises(ValueError, match="temperature must be in"):
+            generate(tiny(), prompts(2), 3, sampling=SamplingParams(temperature=tau))
+
+
+def test_the_smallest_allowed_temperature_generates_the_greedy_tokens():
+    model, ps = tiny(), prompts(3)
+    cold = SamplingParams(temperature=sampling.MIN_TEMPERATURE)
+    want = generate(model, ps, 6, sampling=GREEDY).token_lists()
+    assert generate(model, ps, 6, sampling=cold, generator=torch.Generator()).token_lists() == want
+
+
+def test_a_prompt_longer_than_the_models_context_is_refused():
+    model = tiny()  # max_positions=128
+    with pytest.raises(ValueError, match=r"prompt 1 has 128 tokens; .*max_positions=128"):
+        generate(model, [[1, 2], [5] * 128], 1, sampling=GREEDY)
+    with pytest.raises(ValueError, match=r"max_new_tokens must be at most 8 here, got 9"):
+        generate(model, [[1] * 120], 9, sampling=GREEDY)
+    edge = generate(model, [[1] * 120], 8, sampling=GREEDY)  # up to the edge of the context
+    assert edge.lengths.tolist() == [8]
+
+
+def test_a_max_new_tokens_that_would_need_terabytes_is_refused_before_allocating():
+    with pytest.raises(ValueError, match="max_new_tokens must be at most 123 here, got 10{12}"):
+        generate(tiny(), prompts(2), 10**12)
+    with pytest.raises(ValueError, match="max_positions must be at most 128 here, got 10{12}"):
+        Engine(tiny(), 2, 10**12)
+
+
+class Scaled(Engine):
+    """An engine whose step multiplies the model's logits by ``scale`` (huge logits, or inf)."""
+
+    def __init__(self, *args, scale: float = 1.0, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.scale = scale
+
+    def _logits(self, logits):
+        return logits * self.scale
+
+
+@settings(max_examples=25, deadline=None)
+@given(scale=st.sampled_from([1.0, 1e3, 1e30, 1e38, 1e39]) | st.floats(1.0, 1e38),
+       tau=st.sampled_from([sampling.MIN_TEMPERATURE, 1e-30, 1e-3, 1.0, 1e30])
+       | st.floats(1e-3, 10.0),
+       top_k=st.none() | st.integers(1, V + 3), top_p=st.none() | st.floats(0.05, 1.0),
+       seed=st.integers(0, 2**31 - 1))
+def test_any_logit_scale_and_temperature_give_valid_tokens_or_a_named_error(
+        scale, tau, top_k, top_p, seed):
+    params = SamplingParams(temperature=tau, top_k=top_k, top_p=top_p)
+    try:
+        out = generate(PROPERTY_MODEL, prompts(3, seed % 7), 5, sampling=params, engine_type=Scaled,
+                       scale=scale, generator=torch.Generator().manual_seed(seed))
+    except engine_module.NonFiniteLogits:
+        assert scale * 100 > torch.finfo(torch.float32).max  # only logits scaled past float32
+        return
+    tokens = out.tokens[out.sampled_mask]
+    assert ((tokens >= 0) & (tokens < V)).all() and (out.lengths == 5).all()
+    assert not out.logprobs.isnan().any()
+
+
+PROPERTY_MODEL = tiny(seed=3)

@@ -16,6 +16,7 @@ from halluc_lab.evaluate import (ABSTAINED, CORRECT, WRONG, AnswerScores, Backsp
                                  fact_recall, forced_error, free_run, lam_for_target, mean_nll, mistakes,
                                  mistakes_after_first, next_token_probs, score_answers, teacher_forced)
 from halluc_lab.losses import causal_lm_loss
+from halluc_lab.sampling import ConflictingSamplingParams, SamplingParams
 from halluc_lab.tasks import (SUPPORTED, Arithmetic, ArithmeticConfig, Example, KBWalk, KBWalkConfig, PathStar,
                               PathStarConfig)
 from halluc_lab.tasks.base import split_of
@@ -113,8 +114,20 @@ def test_free_run_gives_each_answer_room_for_a_detour_before_every_symbol():
     model = small_transformer(TOK.vocab_size, seed=4)
     assert free_run(model, TOK, exs) == complete(model, TOK, [e.prompt for e in exs], 10)
     g = lambda: torch.Generator().manual_seed(5)  # noqa: E731
-    assert (free_run(model, TOK, exs, greedy=False, generator=g())
-            == complete(model, TOK, [e.prompt for e in exs], 10, greedy=False, generator=g()))
+    assert (free_run(model, TOK, exs, sampling=SamplingParams(), generator=g())
+            == complete(model, TOK, [e.prompt for e in exs], 10, sampling=SamplingParams(),
+                        generator=g()))
+
+
+def test_a_temperature_given_to_complete_is_sampled_at_and_greedy_with_one_is_refused():
+    model = small_transformer(TOK.vocab_size, seed=4)
+    prompts = [e.prompt for e in TASK.examples("heldout", 12, seed=2)]
+    greedy = complete(model, TOK, prompts, 6)
+    hot = [complete(model, TOK, prompts, 6, sampling=SamplingParams(temperature=5.0),
+                    generator=torch.Generator().manual_seed(s)) for s in range(2)]
+    assert hot[0] != greedy and hot[0] != hot[1]  # two generators, two samples: not the argmax
+    with pytest.raises(ConflictingSamplingParams, match="temperature=5.0"):
+        complete(model, TOK, prompts, 6, sampling=SamplingParams(greedy=True, temperature=5.0))
 
 
 def test_mean_nll_is_the_mean_loss_over_the_target_tokens_of_one_padded_batch():

@@ -28,23 +28,24 @@ def test_the_distribution_is_samplings_under_the_knobs(live):
     with torch.no_grad():
         logits = sampler.model(ids)[0, -1]
     for tau, k, p in ((1.0, 0, 1.0), (0.5, 3, 1.0), (2.0, 0, 0.5), (1.5, 4, 0.7)):
-        rows = dict(sampler.distribution(prompt, tau, k, p))
+        rows = dict(sampler.distribution(prompt, LiveSampler.params(tau, k, p)))
         want = sampling.softmax(sampling.filter_logits(logits, tau, k or None, p if p < 1 else None))
         got = torch.tensor([rows[t] for t in sampler.tokenizer.tokens])
         torch.testing.assert_close(got, want.float(), atol=1e-6, rtol=1e-5)
         assert sum(v > 0 for v in rows.values()) <= (k or len(rows))
-    ranked = [pr for _, pr in sampler.distribution(prompt, 1.0)]
+    ranked = [pr for _, pr in sampler.distribution(prompt, LiveSampler.params(1.0))]
     assert ranked == sorted(ranked, reverse=True)  # listed likeliest first
 
 
 def test_a_continuation_is_reproducible_by_seed_and_a_foreign_word_is_refused(live):
     sampler, prompt = live
-    a, b = sampler.continuation(prompt, 1.0, seed=3), sampler.continuation(prompt, 1.0, seed=3)
+    tau1 = LiveSampler.params(1.0)
+    a, b = sampler.continuation(prompt, tau1, seed=3), sampler.continuation(prompt, tau1, seed=3)
     assert a == b and 1 <= len(a.split()) <= 6
     with pytest.raises(ValueError, match="vocabulary: zebra"):
-        sampler.distribution("zebra " + prompt, 1.0)
+        sampler.distribution("zebra " + prompt, tau1)
     with pytest.raises(ValueError):
-        sampler.continuation(prompt, 0.0)  # τ must be > 0
+        LiveSampler.params(0.0)  # τ must be > 0
     for bad in (0, -1, True, 2.5):
         with pytest.raises(ValueError, match="shown"):
             LiveSampler(sampler.model, sampler.tokenizer, shown=bad)

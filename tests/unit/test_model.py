@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from halluc_lab.hf_convert import config_from_hf, from_hf, to_hf, to_hf_config
+from halluc_lab.kv_cache import KVCache
 from halluc_lab.model import ModelConfig, RMSNorm, Transformer, rms_norm_reference, segment_positions
 from halluc_lab.positional import RopeScaling
 
@@ -248,3 +249,17 @@ def test_model_config_accepts_numpy_integers_as_ints():
     cfg = ModelConfig(vocab_size=np.int64(10), hidden_size=np.int32(8), n_layers=1, n_heads=2)
     assert cfg == ModelConfig(vocab_size=10, hidden_size=8, n_layers=1, n_heads=2)
     assert type(cfg.vocab_size) is int and type(cfg.hidden_size) is int
+
+
+def test_a_forward_pass_past_max_positions_is_refused():
+    model = Transformer(tiny(max_positions=16), seed=0).eval()
+    with torch.no_grad():
+        model(ids(T=16))  # the whole context is fine
+        past = "position 17 is past the model's context, config.max_positions=16"
+        with pytest.raises(ValueError, match=past):
+            model(ids(T=17))
+        cache = KVCache.for_model(model.config, 3, 64)  # a cache longer than the context
+        model(ids(T=12), cache=cache)
+        model(ids(T=4, seed=1), cache=cache)
+        with pytest.raises(ValueError, match=r"position 17 .* the cache holds up to 16"):
+            model(ids(T=1, seed=2), cache=cache)

@@ -488,13 +488,14 @@ def test_a_corrupt_checkpoint_is_reported_and_training_starts_over(cache, monkey
 def test_checkpoint_loads_with_auto_classes_and_hf_generate_matches_the_engine(cache):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from halluc_lab.engine import generate
+    from halluc_lab.engine import GREEDY, generate
 
     trained = recipes.load_recipe(tiny(), CPU)
     hf = AutoModelForCausalLM.from_pretrained(os.path.join(trained.path, "model")).eval()
     hf_tok = AutoTokenizer.from_pretrained(os.path.join(trained.path, "model"))
     prompts = [e.prompt for e in trained.task.examples("heldout", 6, seed=0)]
-    ours = generate(trained.model, [[1] + trained.tokenizer.encode(p) for p in prompts], 8, greedy=True).token_lists()
+    ids = [[1] + trained.tokenizer.encode(p) for p in prompts]
+    ours = generate(trained.model, ids, 8, sampling=GREEDY).token_lists()
     for p, mine in zip(prompts, ours):
         ids = hf_tok(p, return_tensors="pt").input_ids
         assert ids[0].tolist() == [1] + trained.tokenizer.encode(p)
@@ -507,7 +508,7 @@ def test_checkpoint_loads_with_auto_classes_and_hf_generate_matches_the_engine(c
 def test_a_recipe_trains_on_cuda_under_bf16_autocast_and_generates_like_hugging_face(cache):
     from transformers import AutoModelForCausalLM
 
-    from halluc_lab.engine import generate
+    from halluc_lab.engine import GREEDY, generate
 
     cuda = torch.device("cuda")
     trained = recipes.load_recipe(tiny_sft("sft-backspace", backspace=BackspaceConfig(rate=0.2)), cuda, torch.bfloat16)
@@ -516,7 +517,7 @@ def test_a_recipe_trains_on_cuda_under_bf16_autocast_and_generates_like_hugging_
     assert recipes.directory(trained.recipe, torch.bfloat16) != recipes.directory(trained.recipe)
     hf = AutoModelForCausalLM.from_pretrained(os.path.join(trained.path, "model")).to(cuda).eval()
     prompts = [[1] + trained.tokenizer.encode(e.prompt) for e in trained.task.examples("heldout", 8, seed=0)]
-    ours = generate(trained.model, prompts, 6, greedy=True).token_lists()
+    ours = generate(trained.model, prompts, 6, sampling=GREEDY).token_lists()
     for p, mine in zip(prompts, ours):
         ids = torch.tensor([p], device=cuda)
         out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=6, do_sample=False,

@@ -605,3 +605,94 @@ def test_sampling_is_captured_by_a_cuda_graph_and_agrees_with_eager():
         assert torch.isfinite(eager.gather(-1, drawn[:, None])).all()  # drawn from the kept set
         seen.add(tuple(drawn.tolist()))
     assert len(seen) > 1  # each replay draws fresh noise
+
+
+# --- extreme temperatures and logits (the temperature floor, the shift before dividing) ---------
+
+@pytest.mark.parametrize("tau", [1e-300, 1e-40, S.MIN_TEMPERATURE / 2, 3.5e38, 1e300])
+def test_a_temperature_float32_cannot_hold_is_refused_not_rounded_to_zero_or_inf(tau):
+    z = torch.tensor([[0.0, 5.0, 1.0]])
+    floor = r"temperature must be in \(0, inf\), at least 1.18e-38 and at most 3.4e\+38"
+    for fn in (S.softmax, S.log_softmax, S.entropy, S.sample, S.gumbel_max_sample, S.filter_logits):
+        with pytest.raises(ValueError, match=floor):
+            fn(z, tau)
+    with pytest.raises(ValueError, match="temperature"):
+        S.softmax(z, torch.tensor([1.0 * tau]))  # per row too
+
+
+def test_the_smallest_allowed_temperature_samples_the_most_likely_token():
+    z = torch.tensor([[0.0, 5.0, 1.0]] * 50)
+    g = torch.Generator().manual_seed(0)
+    for fn in (S.sample, S.gumbel_max_sample):
+        assert fn(z, S.MIN_TEMPERATURE, generator=g).tolist() == [1] * 50
+    assert S.softmax(z[0], S.MIN_TEMPERATURE).tolist() == [0.0, 1.0, 0.0]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_huge_logits_at_a_small_temperature_give_the_one_hot_not_nan(dtype):
+    z = torch.tensor([[1e38, 3e38, -3e38], [-3e38, -3e38, 3e38]]).to(dtype)
+    for tau in (0.01, 1e-30):
+        p = S.softmax(z, tau)
+        assert p.tolist() == [[0.0, 1.0, 0.0], [0.0, 0.0, 1.0]]
+        assert torch.isfinite(S.entropy(z, tau)).all()
+        g = torch.Generator().manual_seed(1)
+        assert S.sample(z, tau, top_p=0.5, generator=g).tolist() == [1, 2]
+        assert S.gumbel_max_sample(z, tau, top_k=2, generator=torch.Generator()).tolist() == [1, 2]
+
+
+def test_greedy_with_a_temperature_or_a_filter_is_a_conflict_not_ignored():
+    for knobs in (dict(temperature=5.0), dict(top_k=3), dict(top_p=0.9),
+                  dict(temperature=0.5, top_k=2)):
+        with pytest.raises(S.ConflictingSamplingParams, match="greedy=True"):
+            S.SamplingParams(greedy=True, **knobs)
+    assert S.SamplingParams(greedy=True) == S.GREEDY
+    assert isinstance(S.ConflictingSamplingParams("x"), ValueError)
+
+
+@pytest.mark.parametrize("knobs, error, match", [
+    (dict(temperature=0.0), ValueError, "temperature"),
+    (dict(temperature=1e-300), ValueError, "temperature"),
+    (dict(temperature=math.nan), ValueError, "temperature"),
+    (dict(top_k=0), ValueError, "k must be in"),
+    (dict(top_k=2.5), TypeError, "k must be an int"), (dict(top_p=1.5), ValueError, "p must be in"),
+    (dict(greedy=1), TypeError, "greedy must be a bool"),
+    (dict(temperature=torch.tensor(0.5)), TypeError, "not a tensor")])
+def test_sampling_params_check_their_knobs_when_made(knobs, error, match):
+    with pytest.raises(error, match=match):
+        S.SamplingParams(**knobs)
+
+
+def test_sampling_params_choose_what_the_rules_choose():
+    z = random_logits((6, 9), 5)
+    assert torch.equal(S.GREEDY.choose(z), S.greedy(z))
+    params = S.SamplingParams(temperature=0.7, top_k=4, top_p=0.8)
+    want = S.sample(z, 0.7, 4, 0.8, torch.Generator().manual_seed(2))
+    assert torch.equal(params.choose(z, torch.Generator().manual_seed(2)), want)
+
+
+extreme_floats = st.one_of(st.floats(width=32, allow_nan=False, allow_infinity=False),
+                           st.sampled_from([3.4e38, -3.4e38, 0.0, -math.inf]))
+extreme_taus = st.one_of(st.floats(0, 1e300, exclude_min=True),
+                         st.sampled_from([1e-300, 1e-40, 1e-38, 1e38, 3.4028235677973366e38]))
+
+
+@settings(max_examples=200, deadline=None)
+@given(row=st.lists(extreme_floats, min_size=1, max_size=10), tau=extreme_taus,
+       k=st.none() | st.integers(1, 12), p=st.none() | st.floats(0.01, 1.0), seed=seeds)
+def test_any_finite_or_extreme_logits_and_temperature_give_finite_probabilities_or_a_named_error(
+        row, tau, k, p, seed):
+    z = torch.tensor([row], dtype=torch.float32)
+    try:
+        probs = S.softmax(z, tau)
+    except ValueError as err:  # the only refusals: τ outside float32, or no finite logit in the row
+        assert "temperature" in str(err) or "finite entry" in str(err), err
+        assert not S.MIN_TEMPERATURE <= tau <= S.MAX_TEMPERATURE or not torch.isfinite(z).any()
+        return
+    assert torch.isfinite(probs).all() and abs(float(probs.sum()) - 1) < 1e-5
+    assert not S.log_softmax(z, tau).isnan().any() and torch.isfinite(S.entropy(z, tau)).all()
+    kept = S.softmax(S.filter_logits(z, tau, k, p))  # (1, V)
+    assert torch.isfinite(kept).all()
+    g = torch.Generator().manual_seed(seed)
+    for fn in (S.sample, S.gumbel_max_sample):
+        token = int(fn(z, tau, k, p, generator=g))
+        assert 0 <= token < len(row) and kept[0, token] > 0
