@@ -131,3 +131,22 @@ def test_progress_changes_no_bits(cache, monkeypatch):
 def cache(tmp_path, monkeypatch):
     monkeypatch.setenv("HALLUC_CACHE", str(tmp_path))
     return tmp_path
+
+
+def test_chains_trains_every_named_recipe_under_every_seed_and_labels_them(monkeypatch):
+    from halluc_lab.device import Runtime
+
+    asked, loaded = [], []
+    monkeypatch.setattr(recipes, "prefetch", lambda rs, device, dtype: asked.extend(rs))
+    monkeypatch.setattr(recipes, "load_recipe", lambda r, device, dtype: loaded.append(r) or r)
+    rt = Runtime(torch.device("cpu"), torch.float32, "smoke", 0, "asked for")
+    got = recipes.chains({"SFT": "kb_walk-sft-clean", "RLVR": "kb_walk-rlvr"}, [0, 3], rt)
+    assert set(got) == {("SFT", 0), ("SFT", 3), ("RLVR", 0), ("RLVR", 3)} and asked == loaded
+    assert got["RLVR", 3] == recipes.with_seed(SMOKE["kb_walk-rlvr"], 3)
+    assert recipes.chains(["kb_walk-sft-clean"], [1], rt) == {
+        ("kb_walk-sft-clean", 1): recipes.with_seed(SMOKE["kb_walk-sft-clean"], 1)}
+    for bad in ("kb_walk-sft-clean", [], {}):
+        with pytest.raises(ValueError, match="names"):
+            recipes.chains(bad, [0], rt)
+    with pytest.raises(ValueError, match="seeds"):
+        recipes.chains(["kb_walk-sft-clean"], [], rt)
