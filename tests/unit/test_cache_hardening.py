@@ -13,7 +13,10 @@ from hypothesis import strategies as st
 from safetensors.torch import load_file, save_file
 
 from halluc_lab import recipe_cache, recipes
+from tests.unit import test_recipes
 from tests.unit.test_recipes import CPU, same_weights, tiny
+
+trained_entry = test_recipes.trained_entry  # a fixture: one trained tiny recipe, to copy and break
 
 
 @pytest.fixture
@@ -124,16 +127,6 @@ def test_weights_that_hold_nan_behind_a_matching_manifest_are_reported_and_train
 
 
 # -- random damage, by property ----------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def pristine(tmp_path_factory):
-    """A cache holding one trained tiny recipe (and its step-less parent chain), to copy and damage."""
-    root = tmp_path_factory.mktemp("pristine")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("HALLUC_CACHE", str(root))
-        trained = recipes.load_recipe(tiny(steps=8), CPU)
-    return root, os.path.relpath(trained.path, root), {k: v.clone() for k, v in trained.model.state_dict().items()}
-
-
 def _damage(path: str, kind: str, where: float) -> None:
     """Flip a byte of, truncate or remove one file of the entry (its manifest included); or write NaN into the
     weights and re-hash the manifest to match, damage that checksums alone cannot see."""
@@ -157,8 +150,9 @@ def _damage(path: str, kind: str, where: float) -> None:
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(kind=st.sampled_from(["flip", "truncate", "remove", "nan"]), where=st.floats(0, 1, exclude_max=True))
 def test_any_damage_to_an_entry_is_detected_or_the_load_gives_the_undamaged_weights(
-        pristine, tmp_path_factory, kind, where):
-    root, rel, weights = pristine
+        trained_entry, tmp_path_factory, kind, where):
+    root, rel, model = trained_entry  # one trained tiny recipe, to copy and damage
+    weights = model.state_dict()
     cache = tmp_path_factory.mktemp("damaged")
     shutil.copytree(root, cache, dirs_exist_ok=True)
     _damage(str(cache / rel), kind, where)
