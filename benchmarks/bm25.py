@@ -5,7 +5,7 @@ drawn from a Zipfian vocabulary of ``--vocab`` words (p(rank r) ∝ 1/r). Querie
 drawn from the same distribution. Every peer gets the same token lists, k1 = 1.5, b = 0.75, and returns
 the top 10 documents.
 
-- *lab*: :func:`halluc_lab.lexical.bm25_top_k`, the readable reference. It keeps no index: every call
+- *lab*: :func:`halluc_lab.foundations.lexical.bm25_top_k`, the readable reference. It keeps no index: every call
   counts the corpus into a dense (documents × vocabulary) matrix, so its *index* column is that counting
   (``term_counts``, df, idf) alone and its *query* column is one whole call, which repeats it.
 - *bm25s* (``method="lucene"``, numpy backend): its scores are the lab's / (k1 + 1), rankings identical
@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from common import attempt, environment, print_table, ratio, write_json
 
-from halluc_lab.lexical import (
+from halluc_lab.foundations.lexical import (
     bm25_scores,
     bm25_top_k,
     document_frequency,

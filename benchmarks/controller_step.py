@@ -5,9 +5,9 @@ random weights: the timing does not depend on training), bf16 autocast, determin
 book runs). For each number of positions per row (the engine's cache) and batch, the same prompts (kb_walk
 prompts of 10–11 tokens, repeated to fill the batch) are started with:
 
-- *greedy*: :class:`halluc_lab.engine.Engine`, argmax;
+- *greedy*: :class:`halluc_lab.generation.engine.Engine`, argmax;
 - *sampled*: the same engine, τ = 1;
-- *keep* and *erase*: :class:`halluc_lab.backtrack.BacktrackEngine` at τ = 1, a sampled ``<bksp>`` taking back
+- *keep* and *erase*: :class:`halluc_lab.generation.backtrack.BacktrackEngine` at τ = 1, a sampled ``<bksp>`` taking back
   the row's last token inside the step, with the token left in the context or the KV cache rolled back.
 
 A row's time per step is the mean over all steps of a batch after three untimed ones (the first captures the
@@ -26,11 +26,11 @@ import torch
 from common import environment, write_json
 
 from halluc_lab import recipes
-from halluc_lab.backtrack import BacktrackEngine
+from halluc_lab.generation.backtrack import BacktrackEngine
 from halluc_lab.device import deterministic
-from halluc_lab.engine import Engine, SamplingParams
-from halluc_lab.model import Transformer
-from halluc_lab.preference import preference_examples
+from halluc_lab.generation.engine import Engine, SamplingParams
+from halluc_lab.model.transformer import Transformer
+from halluc_lab.stages.preference import preference_examples
 from halluc_lab.tasks import make_task
 
 POSITIONS, BATCHES = (64, 192), (64, 512)

@@ -2,7 +2,7 @@
 
 For each size and batch: a 32-token prompt per row and 256 new tokens (bf16 on CUDA, fp32 on CPU).
 
-- lab: ``halluc_lab.engine.generate`` greedy (a CUDA graph of the decode step on GPU);
+- lab: ``halluc_lab.generation.engine.generate`` greedy (a CUDA graph of the decode step on GPU);
 - lab top-p+rb: the engine sampling with top-p 0.9 while a quarter of the rows roll back 1–3
   tokens every 16 steps (the backspace path); tokens/s counts every token emitted;
 - hf: ``LlamaForCausalLM.generate`` greedy with its default (dynamic) cache;
@@ -23,9 +23,9 @@ import sys
 import torch
 
 from common import attempt, best_time, environment, model_config, parser, print_table, ratio, setup, write_json
-from halluc_lab.engine import Engine, SamplingParams, engine_for, generate
-from halluc_lab.hf_convert import to_hf
-from halluc_lab.model import Transformer
+from halluc_lab.generation.engine import Engine, SamplingParams, engine_for, generate
+from halluc_lab.model.hf_convert import to_hf
+from halluc_lab.model.transformer import Transformer
 
 PROMPT = 32
 

@@ -3,12 +3,12 @@
 Three measurements, each run with PyTorch's own distributed engine (``torchrun``, NCCL, DDP) through the
 lab's loops, in one invocation on one machine:
 
-- *pre-training*: tokens/s of :func:`halluc_lab.train.train` on a model large enough not to be
+- *pre-training*: tokens/s of :func:`halluc_lab.training.train.train` on a model large enough not to be
   launch-bound (16 layers × 1024, 16 heads, vocabulary 8,192: 277 M parameters, bf16 autocast, eager step,
   deterministic kernels as every lab run), with the same global batch (64 rows × 512 tokens) on 1, 2, …
   GPUs: each rank takes its contiguous share of the rows, in micro-batches of 16 rows. Random tokens; the
   median rate of the steps after the warm-up. Scaling efficiency = rate on N / (N × rate on 1).
-- *RLVR*: milliseconds per iteration of :func:`halluc_lab.rlvr.rlvr` (rollouts, gathering, one GRPO step) at
+- *RLVR*: milliseconds per iteration of :func:`halluc_lab.stages.rlvr.rlvr` (rollouts, gathering, one GRPO step) at
   the ``kb_walk-rlvr-bksp`` recipe's full-scale shape and round (64 prompts × G = 8) with random weights, on
   1 and 2 GPUs: each rank rolls out half the prompts. The lab's model is small, so its steps are
   launch-bound and halving a batch saves little: this shows how much.
@@ -38,15 +38,16 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
 from common import environment, print_table, synchronize, write_json  # noqa: E402
-from halluc_lab import distributed, recipes  # noqa: E402
-from halluc_lab.data import Batch  # noqa: E402
-from halluc_lab.evaluate import answer_budget  # noqa: E402
-from halluc_lab.model import ModelConfig, Transformer  # noqa: E402
-from halluc_lab.preference import preference_examples  # noqa: E402
-from halluc_lab.reward_model import VerifierReward  # noqa: E402
-from halluc_lab.rlvr import GRPO, rlvr  # noqa: E402
+from halluc_lab import recipes  # noqa: E402
+from halluc_lab.training import distributed
+from halluc_lab.training.data import Batch  # noqa: E402
+from halluc_lab.evaluation.evaluate import answer_budget  # noqa: E402
+from halluc_lab.model.transformer import ModelConfig, Transformer  # noqa: E402
+from halluc_lab.stages.preference import preference_examples  # noqa: E402
+from halluc_lab.stages.reward_model import VerifierReward  # noqa: E402
+from halluc_lab.stages.rlvr import GRPO, rlvr  # noqa: E402
 from halluc_lab.tasks import make_task  # noqa: E402
-from halluc_lab.train import TrainConfig, train  # noqa: E402
+from halluc_lab.training.train import TrainConfig, train  # noqa: E402
 
 LARGE = ModelConfig(vocab_size=8192, hidden_size=1024, n_layers=16, n_heads=16, max_positions=512)
 ROWS, SEQ, MICRO = 64, 512, 16  # the global batch, and the rows of one micro-batch

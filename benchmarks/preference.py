@@ -10,11 +10,11 @@ the verifier's better one is chosen (ties: the first); a completion the answer b
 the ``<eos>`` that TRL would append, so both sides train on the same token ids (checked after TRL
 tokenises the text). Batch, β and learning rate are the ``kb_walk-dpo`` recipe's.
 
-- *lab*: :class:`halluc_lab.step.CapturedStep` on CUDA (:class:`~halluc_lab.step.EagerStep` on the
-  CPU), as :func:`halluc_lab.train.train` runs it — deterministic kernels, fused capturable AdamW,
-  clipping 1.0 — with :class:`halluc_lab.preference.DPOLoss` on pair rows
-  (:func:`~halluc_lab.reward_model.pair_rows`) drawn by :func:`halluc_lab.data.batches`; reference
-  log-probs from :func:`~halluc_lab.preference.precompute_reference_logps`, once, before timing.
+- *lab*: :class:`halluc_lab.training.step.CapturedStep` on CUDA (:class:`~halluc_lab.training.step.EagerStep` on the
+  CPU), as :func:`halluc_lab.training.train.train` runs it — deterministic kernels, fused capturable AdamW,
+  clipping 1.0 — with :class:`halluc_lab.stages.preference.DPOLoss` on pair rows
+  (:func:`~halluc_lab.stages.reward_model.pair_rows`) drawn by :func:`halluc_lab.training.data.batches`; reference
+  log-probs from :func:`~halluc_lab.stages.preference.precompute_reference_logps`, once, before timing.
 - *TRL*: ``DPOTrainer`` with ``loss_type=["sigmoid"]``, ``precompute_ref_log_probs=True`` (the
   reference also runs once, at init, untimed), the same AdamW (β₂ 0.95, no weight decay, clipping
   1.0, constant rate), its default fused optimizer and padding collator. Changed from TRL's defaults
@@ -25,7 +25,7 @@ A step's time: between consecutive optimizer steps (TRL: a callback at each step
 synchronised, the batch's gathering or collation included; the median after the warm-up steps.
 
 **RL iteration** (rollouts + update). TRL 1.16 has no PPO trainer; RLOO is the closest to the
-lab's :func:`halluc_lab.rlhf.ppo`: like it, RLOO subtracts β × Σ_t (log π − log π_ref) (the
+lab's :func:`halluc_lab.stages.rlhf.ppo`: like it, RLOO subtracts β × Σ_t (log π − log π_ref) (the
 k1 KL estimate) from the reward, recomputes π_old's log-probs with a forward pass, and optimises the
 clipped ratio objective over several passes of minibatches; it only replaces the value model and GAE
 by the leave-one-out baseline (so it does less work per iteration than PPO). GRPO puts the KL in the
@@ -33,7 +33,7 @@ loss instead and defaults to β = 0. Same iteration shape on both sides: ``PPOCo
 iteration, samples per prompt, max new tokens, stop at ``<eos>``, temperature 1, and epochs ×
 minibatches optimizer steps (RLOO: ``num_iterations`` × ``steps_per_generation``), same learning rate,
 β = ``kl_coef``, ε = ``clip``. The reward is the kb_walk verifier on both sides:
-:class:`halluc_lab.reward_model.VerifierReward` on the token ids. TRL hands a reward function the
+:class:`halluc_lab.stages.reward_model.VerifierReward` on the token ids. TRL hands a reward function the
 completions as text decoded with ``skip_special_tokens=True``, which drops ``<abstain>`` and
 ``<bksp>`` and would change the verdict, so its reward function decodes the ``completion_ids`` TRL
 also passes with the lab's tokenizer. TRL generates with transformers' ``generate`` (dynamic cache,
@@ -76,16 +76,16 @@ import torch
 
 from common import attempt, environment, fmt, ratio, synchronize, write_json
 from halluc_lab import recipes
-from halluc_lab.data import batches
+from halluc_lab.training.data import batches
 from halluc_lab.device import deterministic
-from halluc_lab.hf_convert import save_pretrained
-from halluc_lab.model import Transformer
-from halluc_lab.preference import DPOLoss, PreferencePairs, VerifierReward, precompute_reference_logps, sample_groups
-from halluc_lab.reward_model import RewardModel
-from halluc_lab.rlhf import PPOConfig, ppo
-from halluc_lab.step import CapturedStep, EagerStep, autocast, make_optimizer
+from halluc_lab.model.hf_convert import save_pretrained
+from halluc_lab.model.transformer import Transformer
+from halluc_lab.stages.preference import DPOLoss, PreferencePairs, VerifierReward, precompute_reference_logps, sample_groups
+from halluc_lab.stages.reward_model import RewardModel
+from halluc_lab.stages.rlhf import PPOConfig, ppo
+from halluc_lab.training.step import CapturedStep, EagerStep, autocast, make_optimizer
 from halluc_lab.tasks import make_task
-from halluc_lab.train import TrainConfig
+from halluc_lab.training.train import TrainConfig
 
 TASK = "kb_walk"
 

@@ -7,21 +7,21 @@ kb_walk recipe of a scale shares it) and are random: the timing does not depend 
 are those the ``kb_walk-rlvr-bksp`` recipe stage learns from (``preference_examples`` with its seed); the
 rounds are its ``RLVRConfig``'s (``full``: 64 prompts × G = 8 samples = 512 rollouts; ``smoke``: 16 × 8),
 the rate its (constant), and so is the reward: the kb_walk verifier with abstention,
-:class:`halluc_lab.reward_model.VerifierReward` with λ = 3 on token ids (+1 right, 0 abstained, −3 wrong,
+:class:`halluc_lab.stages.reward_model.VerifierReward` with λ = 3 on token ids (+1 right, 0 abstained, −3 wrong,
 judged on the text the ``<bksp>`` tokens leave). bf16 autocast on CUDA for both sides, fp32 on the CPU.
 
 The same iteration on both sides: G samples of each prompt at temperature 1 (no top-k, no top-p), at most
-the prompts' answer budget (:func:`halluc_lab.evaluate.answer_budget`) new tokens, a row stopping at
+the prompts' answer budget (:func:`halluc_lab.evaluation.evaluate.answer_budget`) new tokens, a row stopping at
 ``<eos>``; advantages A = (r − mean of the group) / std of the group (the sample std, Bessel's n − 1, on
 both sides; the lab adds 1e-6, TRL 1e-4); then ONE optimizer step on the whole batch (AdamW β = (0.9,
 0.999), no weight decay, clipping 1.0) of GRPO's loss, −min(ρA, clip(ρ, 1 − ε, 1 + ε)A) per token, ε = 0.2,
 averaged over each completion's own tokens and then over the completions (Shao et al. 2024), β = 0 (no KL
 term: the RLVR recipes' setting and TRL's default).
 
-- *lab*: :func:`halluc_lab.rlvr.rlvr` with :class:`~halluc_lab.rlvr.GRPO` (which normalises per sequence
-  that way: :func:`halluc_lab.losses.grpo_loss`), ``context="keep"``, ``allow_bksp=True``, deterministic
+- *lab*: :func:`halluc_lab.stages.rlvr.rlvr` with :class:`~halluc_lab.stages.rlvr.GRPO` (which normalises per sequence
+  that way: :func:`halluc_lab.training.losses.grpo_loss`), ``context="keep"``, ``allow_bksp=True``, deterministic
   kernels and ``autocast_dtype``, as the recipe stage runs it. Rollouts come from the backspace controller
-  (:func:`halluc_lab.backtrack.rollout`: one prefill per prompt copied to its G rows, a sampled ``<bksp>``
+  (:func:`halluc_lab.generation.backtrack.rollout`: one prefill per prompt copied to its G rows, a sampled ``<bksp>``
   taking back the last token inside the decode step, a CUDA graph of that step on CUDA, and of the prefill
   once its batch shape has come twice); the update is eager.
   On CUDA it is timed three times: as the recipe stage runs it; with ``fused_decode=True`` (the decode step
@@ -59,7 +59,7 @@ captured, the lab queues the reference's scoring of the rollouts before it calls
 device scores while the host judges; a synchronised stamp makes the host wait for the scoring first.
 For the lab the rollouts alone are also timed on one round's batch (the fastest of a few calls): as in the
 iteration, and, with no stop token (every row emits the whole budget, as ``decode.py`` counts), against
-the engine's greedy :func:`halluc_lab.engine.generate` on the same rows.
+the engine's greedy :func:`halluc_lab.generation.engine.generate` on the same rows.
 
 On a CPU shared with other work the figures swing by several times from run to run (every small op waits
 for its slowest thread); ``--threads 1`` steadies them.
@@ -97,16 +97,16 @@ import torch
 
 from common import attempt, best_time, environment, ratio, setup, write_json
 from halluc_lab import recipes
-from halluc_lab.backtrack import rollout
+from halluc_lab.generation.backtrack import rollout
 from halluc_lab.device import deterministic
-from halluc_lab.engine import generate
-from halluc_lab.sampling import GREEDY
-from halluc_lab.evaluate import answer_budget
-from halluc_lab.hf_convert import save_pretrained
-from halluc_lab.model import Transformer
-from halluc_lab.preference import preference_examples
-from halluc_lab.reward_model import VerifierReward
-from halluc_lab.rlvr import GRPO, RLVRConfig, rlvr
+from halluc_lab.generation.engine import generate
+from halluc_lab.generation.sampling import GREEDY
+from halluc_lab.evaluation.evaluate import answer_budget
+from halluc_lab.model.hf_convert import save_pretrained
+from halluc_lab.model.transformer import Transformer
+from halluc_lab.stages.preference import preference_examples
+from halluc_lab.stages.reward_model import VerifierReward
+from halluc_lab.stages.rlvr import GRPO, RLVRConfig, rlvr
 from halluc_lab.tasks import make_task
 from preference import TASK, Clock, print_markdown, quiet_train, trl_common
 

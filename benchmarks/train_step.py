@@ -7,8 +7,8 @@ CUDA). Tokens/s counts batch × sequence length per step.
 - *lab* and *hf*: the same plain loop (forward, loss, backward, step, zero_grad), kernel by kernel.
 - *det*: the same with deterministic kernels (``halluc_lab.device.deterministic``), as every
   training run of the book now uses (ARCHITECTURE.md §3).
-- *lab graph det*: the lab's own training step as :func:`halluc_lab.train.train` runs it on a GPU —
-  :class:`halluc_lab.step.CapturedStep` (accumulation, gradient clipping, capturable fused AdamW,
+- *lab graph det*: the lab's own training step as :func:`halluc_lab.training.train.train` runs it on a GPU —
+  :class:`halluc_lab.training.step.CapturedStep` (accumulation, gradient clipping, capturable fused AdamW,
   replayed as one CUDA graph), deterministic kernels on.
 
 Targets: the lab's plain loop ≥ 1.3× *hf*; with determinism on, the lab's step as it trains
@@ -26,12 +26,12 @@ import torch
 import torch.nn.functional as F
 
 from common import attempt, best_time, environment, model_config, parser, print_table, ratio, setup, write_json
-from halluc_lab.data import Batch
+from halluc_lab.training.data import Batch
 from halluc_lab.device import deterministic
-from halluc_lab.hf_convert import to_hf
-from halluc_lab.model import Transformer
-from halluc_lab.step import CapturedStep, NextTokenLoss, make_optimizer
-from halluc_lab.train import TrainConfig
+from halluc_lab.model.hf_convert import to_hf
+from halluc_lab.model.transformer import Transformer
+from halluc_lab.training.step import CapturedStep, NextTokenLoss, make_optimizer
+from halluc_lab.training.train import TrainConfig
 
 
 def plain_loop(forward, params, x, y, device, dtype, steps):

@@ -15,7 +15,7 @@ evaluation numbers, on the GPU too. :func:`deterministic` turns on PyTorch's det
 algorithms (which also makes ``torch.compile`` skip benchmark-driven kernel choices), turns off
 cuDNN's benchmark mode, and cuBLAS gets a fixed workspace (``CUBLAS_WORKSPACE_CONFIG``, read
 when its first handle is made, hence set when this module is imported). :func:`setup` turns it on
-for a whole notebook and :func:`halluc_lab.train.train` for every training run. What it costs in
+for a whole notebook and :func:`halluc_lab.training.train.train` for every training run. What it costs in
 speed is measured in ``benchmarks/train_step.py`` and recorded on the results page.
 """
 

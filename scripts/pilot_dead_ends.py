@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from halluc_lab import recipes  # noqa: E402
 from halluc_lab.device import setup  # noqa: E402
-from halluc_lab.evaluate import distinct_examples, teacher_forced  # noqa: E402
+from halluc_lab.evaluation.evaluate import distinct_examples, teacher_forced  # noqa: E402
 
 CLEAN = ("dead_ends_k1", "dead_ends_k2", "dead_ends_k4", "dead_ends_never")
 

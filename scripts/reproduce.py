@@ -10,7 +10,7 @@ is given.
 
 Runs never write over the committed notebooks; only ``--adopt`` does, and only with runs whose
 own record says they were made at scale=full (ARCHITECTURE.md §3): the values the footer glued
-when the run executed (``halluc_lab.notebook.RUN_KEYS``), never the notebook's metadata, which
+when the run executed (``halluc_lab.book.notebook.RUN_KEYS``), never the notebook's metadata, which
 a notebook executed by papermill alone keeps from the committed run. A run with no record of
 its own, or the committed run's record (``run_finished`` unchanged), is refused.
 
@@ -42,7 +42,7 @@ from traitlets import default
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from halluc_lab.notebook import RUN_KEYS, read_glue, toc_notebooks  # noqa: E402
+from halluc_lab.book.notebook import RUN_KEYS, read_glue, toc_notebooks  # noqa: E402
 
 
 NOTEBOOKS = ROOT / "notebooks"

@@ -343,7 +343,7 @@ def gather(target: Path) -> tuple[dict, list[str]]:
     """A run's glued scalars, and the names of the glued values left out (lists, dicts)."""
     import nbformat
 
-    from halluc_lab.notebook import read_glue
+    from halluc_lab.book.notebook import read_glue
 
     glued = read_glue(nbformat.read(target, as_version=4))
     return {k: v for k, v in glued.items() if _scalar(v)}, [k for k, v in glued.items() if not _scalar(v)]

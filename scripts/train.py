@@ -25,7 +25,8 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from halluc_lab import distributed, recipes  # noqa: E402
+from halluc_lab import recipes  # noqa: E402
+from halluc_lab.training import distributed
 from halluc_lab.device import choose_device, resolve_scale, setup  # noqa: E402
 
 INTERRUPTED = 130  # the shell's code for a process stopped by SIGINT

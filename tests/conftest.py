@@ -42,7 +42,7 @@ def pytest_terminal_summary(terminalreporter):
 
 def _report_stale_footers(terminalreporter):
     try:
-        from halluc_lab.notebook import stale_footers
+        from halluc_lab.book.notebook import stale_footers
 
         stale = stale_footers(Path(ROOT))
     except Exception as e:  # noqa: BLE001 - a report, never a failure of the run

@@ -9,9 +9,9 @@ its own models on synthetic tasks whose answers a program can check. Each task o
   (the signature TRL's reward functions use, so later chapters can pass it around);
 * a claim-level check: which parts of a completion are supported, which are
   hallucinated (:class:`Claim`);
-* wrong-but-plausible tokens for the backspace demonstrations of :mod:`halluc_lab.sft`.
+* wrong-but-plausible tokens for the backspace demonstrations of :mod:`halluc_lab.stages.sft`.
 
-Text is space-separated symbols (see :mod:`halluc_lab.tokenizer`). A completion as a model
+Text is space-separated symbols (see :mod:`halluc_lab.model.tokenizer`). A completion as a model
 writes it may contain ``<bksp>`` tokens and end in ``<eos>`` and padding:
 :func:`completion_symbols` turns it into what the reader of the completion sees.
 """
@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from numbers import Real
 
-from halluc_lab.tokenizer import ABSTAIN, BKSP, BOS, EOS, PAD
+from halluc_lab.model.tokenizer import ABSTAIN, BKSP, BOS, EOS, PAD
 
 SPLITS = ("train", "heldout")
 # Claim statuses. A hallucination is a claim the task's world does not support.
@@ -228,8 +228,8 @@ class Task:
         raise NotImplementedError
 
     def tokenizer(self):
-        """A :class:`~halluc_lab.tokenizer.Tokenizer` over :meth:`symbols`."""
-        from halluc_lab.tokenizer import Tokenizer
+        """A :class:`~halluc_lab.model.tokenizer.Tokenizer` over :meth:`symbols`."""
+        from halluc_lab.model.tokenizer import Tokenizer
 
         return Tokenizer(self.symbols())
 

@@ -34,7 +34,7 @@ parameter.
   target, the wrong ones included, as in 2.2's retry data. A pre-training corpus has
   ``retry_fraction`` of its documents so; its clean control is the same config with
   ``retry_fraction=0``: the same graphs in the same order, as many tokens (``pretrain_tokens``,
-  exactly, :func:`fit_tokens`). :func:`halluc_lab.sft.retry_demonstration` gives SFT the same data.
+  exactly, :func:`fit_tokens`). :func:`halluc_lab.stages.sft.retry_demonstration` gives SFT the same data.
 
 Departures: Ye et al. retry at any step with a random wrong parameter; here the one decision is the
 first step, and a retry always walks the whole wrong arm (the error is only visible at its leaf).
@@ -51,7 +51,7 @@ from dataclasses import dataclass
 from halluc_lab.tasks.base import (ABSTAINED, Claim, Example, check_count, check_fraction,
                                    completion_symbols, rng_for)
 from halluc_lab.tasks.path_star import PathStar
-from halluc_lab.tokenizer import ABSTAIN, BKSP
+from halluc_lab.model.tokenizer import ABSTAIN, BKSP
 
 DOC_OVERHEAD = 2  # tokens a pre-training document adds to its symbols: <bos> and <eos>
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from halluc_lab.tasks.base import (ABSTAINED, CONTRADICTED, MALFORMED, SUPPORTED, UNSUPPORTED, Claim, Example,
                                    Task, check_count, check_fraction, check_split, completion_symbols, document,
                                    rng_for, split_of)
-from halluc_lab.tokenizer import ABSTAIN
+from halluc_lab.model.tokenizer import ABSTAIN
 
 DIGITS = tuple("0123456789")
 _MAX_TRIES = 10_000  # rejection-sampling budget per example

@@ -12,7 +12,7 @@ walks exactly as before.
 * ``examples(..., new=True)`` draws chains that look up at least one new pair (new-fact accuracy);
   ``new=False`` chains of old names only (retention: chains of the base world, which walk as they did).
 * The vocabulary is the base world's followed by the new names, so every old token keeps its id and a model
-  trained on the base world grows its embedding by new rows only (:func:`halluc_lab.continual.grow_vocabulary`).
+  trained on the base world grows its embedding by new rows only (:func:`halluc_lab.extensions.continual.grow_vocabulary`).
 """
 
 from __future__ import annotations

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from halluc_lab.tasks.base import (ABSTAINED, CONTRADICTED, MALFORMED, SPLITS, SUPPORTED,
                                    UNSUPPORTED, Claim, Example, Task, check_count, check_fraction,
                                    check_split, completion_symbols, rng_for, split_of)
-from halluc_lab.tokenizer import ABSTAIN
+from halluc_lab.model.tokenizer import ABSTAIN
 
 _CONSONANTS = "bdfgklmnprstvz"
 _VOWELS = "aeiou"

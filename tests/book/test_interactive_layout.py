@@ -1,10 +1,10 @@
-"""halluc_lab.interactive's figures as a browser draws them, outside the book: on a phone they are
+"""halluc_lab.book.interactive's figures as a browser draws them, outside the book: on a phone they are
 drawn for the column (no fixed 640 px), on a laptop as before, a caption's `spans` show as code,
 and an axis label's ``^`` raises what follows."""
 
 import pytest
 
-from halluc_lab import interactive
+from halluc_lab.book import interactive
 from tests.book import readability
 
 pytestmark = pytest.mark.book

@@ -106,7 +106,7 @@ EXPLORER = ("<div class='hl-explorer' style='max-width:{max}'><div class='hl-tit
             "<div class='hl-figure'>"
             "<svg width='640' height='300' viewBox='0 0 640 300' style='{svg}'>"
             "<rect width='640' height='300'/></svg></div></div>")
-LONG_NAME = "halluc_lab.rlvr_rounds.CapturedUpdate.from_padded_rows_of_every_rank"
+LONG_NAME = "halluc_lab.stages.rlvr_rounds.CapturedUpdate.from_padded_rows_of_every_rank"
 FIGURE = "<div class='cell_output'><figure><img src='{src}' alt='{alt}'>{caption}</figure></div>"
 IMAGE = "<div class='cell_output'><img src='{src}'{alt}></div>"
 WIDE_CELL = "<td style='white-space:nowrap'>" + "a wide cell " * 20 + "</td>"

@@ -10,8 +10,8 @@ from pathlib import Path
 import nbformat
 import papermill
 
-from halluc_lab import notebook
-from halluc_lab.notebook import read_glue
+from halluc_lab.book import notebook
+from halluc_lab.book.notebook import read_glue
 from tests.chapters import ROOT, SMOKE_TIMES
 
 NOTEBOOKS = ROOT / "notebooks"

@@ -3,7 +3,7 @@ comparison of the SFT variants over seeds on fixed sets of distinct held-out pro
 
 import pytest
 
-from halluc_lab import stats
+from halluc_lab.evaluation import stats
 from tests.notebooks.test_verdicts import old_verdicts
 
 NOTEBOOK = "08_sft"
@@ -159,7 +159,7 @@ def test_a_second_run_from_an_empty_cache_glues_the_same_values(glue, tmp_path, 
     import nbformat
     import papermill
 
-    from halluc_lab.notebook import read_glue
+    from halluc_lab.book.notebook import read_glue
     from tests.notebooks.harness import NOTEBOOKS
 
     monkeypatch.setenv("HALLUC_CACHE", str(tmp_path / "cache"))

@@ -5,7 +5,7 @@ itself and the library's wordings."""
 
 import re
 
-from halluc_lab import stats
+from halluc_lab.evaluation import stats
 
 OLD = re.compile(r"no difference between .+ resolved", re.DOTALL)
 

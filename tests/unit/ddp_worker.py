@@ -17,13 +17,14 @@ import sys
 import torch
 from safetensors.torch import save_file
 
-from halluc_lab import distributed, rlvr
-from halluc_lab.data import Batch, batches
-from halluc_lab.model import ModelConfig, Transformer
-from halluc_lab.reward_model import VerifierReward
+from halluc_lab.stages import rlvr
+from halluc_lab.training import distributed
+from halluc_lab.training.data import Batch, batches
+from halluc_lab.model.transformer import ModelConfig, Transformer
+from halluc_lab.stages.reward_model import VerifierReward
 from halluc_lab.tasks import make_task
 from halluc_lab.tasks.arithmetic import ArithmeticConfig
-from halluc_lab.train import TrainConfig, train
+from halluc_lab.training.train import TrainConfig, train
 
 STEPS, CRASH_AT = 8, 6  # the killed run dies in step 6, after its checkpoint at step 4
 

@@ -1,4 +1,4 @@
-"""Tests of halluc_lab.attention: oracles against PyTorch and Hugging Face, masks, GQA, bad input."""
+"""Tests of halluc_lab.model.attention: oracles against PyTorch and Hugging Face, masks, GQA, bad input."""
 
 import math
 
@@ -8,9 +8,9 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from halluc_lab.attention import (AttentionConfig, MultiHeadAttention, causal_mask, fused_attention,
+from halluc_lab.model.attention import (AttentionConfig, MultiHeadAttention, causal_mask, fused_attention,
                                   repeat_kv, scaled_dot_product_attention)
-from halluc_lab.positional import rope_cos_sin, rope_frequencies
+from halluc_lab.model.positional import rope_cos_sin, rope_frequencies
 
 
 def _qkv(B=2, H=3, T_q=5, T_k=5, D=8, seed=0, dtype=torch.float32):

@@ -1,4 +1,4 @@
-"""halluc_lab.autoregressive: the chain rule two ways, and free-running generation."""
+"""halluc_lab.foundations.autoregressive: the chain rule two ways, and free-running generation."""
 
 import itertools
 import math
@@ -9,9 +9,9 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from halluc_lab import autoregressive as ar
-from halluc_lab.ngram import random_ngram
-from halluc_lab.rnn import ElmanLM, RNNConfig
+from halluc_lab.foundations import autoregressive as ar
+from halluc_lab.foundations.ngram import random_ngram
+from halluc_lab.foundations.rnn import ElmanLM, RNNConfig
 
 
 def tiny_rnn(vocab=5, hidden=6, seed=0, dtype=torch.float64):

@@ -4,12 +4,12 @@ training rows, masking, and bad input."""
 import pytest
 import torch
 
-from halluc_lab import sampling
-from halluc_lab.backtrack import BacktrackEngine, erase_text, rollout, training_rows
-from halluc_lab.data import IGNORE, pad
-from halluc_lab.engine import SamplingParams
-from halluc_lab.losses import token_logprobs
-from halluc_lab.model import ModelConfig, Transformer
+from halluc_lab.generation import sampling
+from halluc_lab.generation.backtrack import BacktrackEngine, erase_text, rollout, training_rows
+from halluc_lab.training.data import IGNORE, pad
+from halluc_lab.generation.engine import SamplingParams
+from halluc_lab.training.losses import token_logprobs
+from halluc_lab.model.transformer import ModelConfig, Transformer
 
 V, BKSP, EOS = 61, 3, 2
 HOT = SamplingParams(temperature=1.5)

@@ -12,7 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors.torch import load_file, save_file
 
-from halluc_lab import recipe_cache, recipes
+from halluc_lab import recipes
+from halluc_lab.recipes import cache as recipe_cache
 from tests.unit import test_recipes
 from tests.unit.test_recipes import CPU, same_weights, tiny
 

@@ -1,8 +1,8 @@
-"""halluc_lab.claims: agreement within tolerance, deterministic rendering, clear errors."""
+"""halluc_lab.book.claims: agreement within tolerance, deterministic rendering, clear errors."""
 
 import pytest
 
-from halluc_lab.claims import ClaimTable
+from halluc_lab.book.claims import ClaimTable
 
 
 def test_numeric_claim_agrees_within_absolute_tolerance():

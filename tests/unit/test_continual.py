@@ -5,14 +5,14 @@ import math
 import pytest
 import torch
 
-from halluc_lab.continual import (Anchor, Anchored, FrozenBlocks, FullFineTune, LoRA, Replay, block_parameters,
+from halluc_lab.extensions.continual import (Anchor, Anchored, FrozenBlocks, FullFineTune, LoRA, Replay, block_parameters,
                                   first_order_change, flat_gradient, grow_vocabulary, old_prompt_kl, span_share,
                                   train_new_rows, train_only)
-from halluc_lab.data import Batch, Encoded, batches
-from halluc_lab.lora import ATTENTION, LoraSpec
-from halluc_lab.model import ModelConfig, Transformer
-from halluc_lab.step import NextTokenLoss
-from halluc_lab.train import TrainConfig, train
+from halluc_lab.training.data import Batch, Encoded, batches
+from halluc_lab.extensions.lora import ATTENTION, LoraSpec
+from halluc_lab.model.transformer import ModelConfig, Transformer
+from halluc_lab.training.step import NextTokenLoss
+from halluc_lab.training.train import TrainConfig, train
 
 CONFIG = ModelConfig(vocab_size=16, hidden_size=16, n_layers=3, n_heads=2)
 
@@ -249,7 +249,7 @@ def test_methods_reject_a_first_new_token_outside_the_vocabulary_and_foreign_mod
 # -- KL to the old model ----------------------------------------------------------------------------
 def test_old_prompt_kl_is_zero_for_the_same_model_and_counts_mass_moved_to_new_tokens():
     from halluc_lab.tasks import Example
-    from halluc_lab.tokenizer import Tokenizer
+    from halluc_lab.model.tokenizer import Tokenizer
 
     symbols = [f"w{i}" for i in range(CONFIG.vocab_size - 5)]  # 5 special tokens come first
     tok = Tokenizer(symbols + [f"n{i}" for i in range(GROWN)])

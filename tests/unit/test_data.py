@@ -5,9 +5,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from halluc_lab.data import (IGNORE, Encoded, batches, encode_document, encode_example, pack, pad,
+from halluc_lab.training.data import (IGNORE, Encoded, batches, encode_document, encode_example, pack, pad,
                              prompt_rounds, rollout_batch)
-from halluc_lab.losses import causal_lm_loss
+from halluc_lab.training.losses import causal_lm_loss
 from halluc_lab.tasks import Arithmetic, ArithmeticConfig, Example
 from tests.unit._tiny_lm import small_transformer
 

@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from halluc_lab.data import IGNORE, encode_document
-from halluc_lab.scoring import score_answers
-from halluc_lab.sft import retry_demonstration
+from halluc_lab.training.data import IGNORE, encode_document
+from halluc_lab.evaluation.scoring import score_answers
+from halluc_lab.stages.sft import retry_demonstration
 from halluc_lab.tasks import ABSTAINED, Arithmetic, DeadEnds, DeadEndsConfig, Example, make_task
 from halluc_lab.tasks.base import completion_symbols
 from halluc_lab.tasks.dead_ends import DOC_OVERHEAD, fit_tokens

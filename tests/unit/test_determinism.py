@@ -22,8 +22,8 @@ SCRIPT = r"""
 import dataclasses, hashlib, json, sys
 import torch
 from halluc_lab import recipes
-from halluc_lab.evaluate import complete
-from halluc_lab.recipe_cache import load_recipe
+from halluc_lab.evaluation.evaluate import complete
+from halluc_lab.recipes.cache import load_recipe
 
 device = sys.argv[1]
 dtype = torch.bfloat16 if device == "cuda" else torch.float32

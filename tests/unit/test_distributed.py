@@ -17,8 +17,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from halluc_lab import distributed
-from halluc_lab.distributed import Topology, shard, topology
+from halluc_lab.training import distributed
+from halluc_lab.training.distributed import Topology, shard, topology
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))

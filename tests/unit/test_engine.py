@@ -5,13 +5,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from halluc_lab import decoding, engine_graphs, sampling
-from halluc_lab import engine as engine_module
-from halluc_lab.backtrack import rollout
-from halluc_lab.engine import Engine, SamplingParams, engine_for, generate
-from halluc_lab.hf_convert import to_hf
-from halluc_lab.model import ModelConfig, Transformer
-from halluc_lab.positional import RopeScaling
+from halluc_lab.generation import decoding, engine_graphs, sampling
+from halluc_lab.generation import engine as engine_module
+from halluc_lab.generation.backtrack import rollout
+from halluc_lab.generation.engine import Engine, SamplingParams, engine_for, generate
+from halluc_lab.model.hf_convert import to_hf
+from halluc_lab.model.transformer import ModelConfig, Transformer
+from halluc_lab.model.positional import RopeScaling
 
 V = 61
 GREEDY = SamplingParams(greedy=True)
@@ -176,7 +176,7 @@ def test_generate_reuses_one_engine_per_bucket():
 
 
 def test_engines_of_another_kind_or_options_are_cached_apart():
-    from halluc_lab.backtrack import BacktrackEngine
+    from halluc_lab.generation.backtrack import BacktrackEngine
 
     model = tiny()
     plain = engine_for(model, 4, 40)

@@ -1,6 +1,6 @@
 """Evaluation: distinct evaluation sets, free running against teacher forcing, answer scoring with
-abstention, mistakes, forced errors, what <bksp> took back, and fact recall (halluc_lab.evaluate and
-the answer judging of halluc_lab.scoring it re-exports)."""
+abstention, mistakes, forced errors, what <bksp> took back, and fact recall (halluc_lab.evaluation.evaluate and
+the answer judging of halluc_lab.evaluation.scoring it re-exports)."""
 
 import math
 import random
@@ -10,13 +10,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from halluc_lab.data import encode_example, pad
-from halluc_lab.evaluate import (ABSTAINED, CORRECT, WRONG, AnswerScores, BackspaceUse, TeacherForced, answer_budget,
+from halluc_lab.training.data import encode_example, pad
+from halluc_lab.evaluation.evaluate import (ABSTAINED, CORRECT, WRONG, AnswerScores, BackspaceUse, TeacherForced, answer_budget,
                                  backspace_use, complete, distinct_examples, distinct_examples_by_length, erasures,
                                  fact_recall, forced_error, free_run, lam_for_target, mean_nll, mistakes,
                                  mistakes_after_first, next_token_probs, score_answers, teacher_forced)
-from halluc_lab.losses import causal_lm_loss
-from halluc_lab.sampling import ConflictingSamplingParams, SamplingParams
+from halluc_lab.training.losses import causal_lm_loss
+from halluc_lab.generation.sampling import ConflictingSamplingParams, SamplingParams
 from halluc_lab.tasks import (SUPPORTED, Arithmetic, ArithmeticConfig, Example, KBWalk, KBWalkConfig, PathStar,
                               PathStarConfig)
 from halluc_lab.tasks.base import split_of

@@ -1,4 +1,4 @@
-"""halluc_lab.hallucination: 001's V, H and Hall, the singleton rate, rates by training count."""
+"""halluc_lab.evaluation.hallucination: 001's V, H and Hall, the singleton rate, rates by training count."""
 
 from __future__ import annotations
 
@@ -6,12 +6,12 @@ import math
 
 import pytest
 
-from halluc_lab.hallucination import (COUNT_BUCKETS, hallucination_indicator, hallucination_interval,
+from halluc_lab.evaluation.hallucination import (COUNT_BUCKETS, hallucination_indicator, hallucination_interval,
                                       hallucination_rate, is_hallucination, least_seen, per_prompt_rates,
                                       rate_by_training_count, singleton_bound, singleton_rate,
                                       singleton_share, verifier_score)
-from halluc_lab.scoring import AnswerScores, score_answers
-from halluc_lab.stats import wilson
+from halluc_lab.evaluation.scoring import AnswerScores, score_answers
+from halluc_lab.evaluation.stats import wilson
 from halluc_lab.tasks.base import Claim
 from halluc_lab.tasks.kb_walk import KBWalk, KBWalkConfig
 

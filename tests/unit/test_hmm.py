@@ -1,4 +1,4 @@
-"""halluc_lab.hmm: the toy POS grammar, sampling, supervised MLE and Viterbi decoding (004 ch. 4)."""
+"""halluc_lab.foundations.hmm: the toy POS grammar, sampling, supervised MLE and Viterbi decoding (004 ch. 4)."""
 
 import itertools
 import math
@@ -7,7 +7,7 @@ from collections import Counter, defaultdict
 import numpy as np
 import pytest
 
-from halluc_lab.hmm import (
+from halluc_lab.foundations.hmm import (
     HMM,
     estimate,
     log_joint,

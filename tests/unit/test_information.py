@@ -1,4 +1,4 @@
-"""halluc_lab.information: entropy, cross-entropy, KL, perplexity and surprisal."""
+"""halluc_lab.foundations.information: entropy, cross-entropy, KL, perplexity and surprisal."""
 
 import math
 
@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from halluc_lab.information import (
+from halluc_lab.foundations.information import (
     check_distribution,
     cross_entropy,
     entropy,

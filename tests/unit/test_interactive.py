@@ -1,4 +1,4 @@
-"""halluc_lab.interactive: frame grids in control order, deterministic output, clear errors."""
+"""halluc_lab.book.interactive: frame grids in control order, deterministic output, clear errors."""
 
 import json
 import re
@@ -6,7 +6,7 @@ import re
 import numpy as np
 import pytest
 
-from halluc_lab.interactive import (Control, bar_explorer, heatmap_explorer, image_explorer,
+from halluc_lab.book.interactive import (Control, bar_explorer, heatmap_explorer, image_explorer,
                                     line_explorer)
 
 

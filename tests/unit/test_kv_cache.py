@@ -5,7 +5,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from halluc_lab.kv_cache import KVCache
+from halluc_lab.model.kv_cache import KVCache
 
 
 def small_cache(**kw) -> KVCache:
@@ -159,8 +159,8 @@ def test_bad_row_operations_raise_and_change_nothing(call, match):
 def test_step_cost_counts_the_matmuls_pytorch_counts():
     from torch.utils.flop_counter import FlopCounterMode
 
-    from halluc_lab.kv_cache import step_cost
-    from halluc_lab.model import ModelConfig, Transformer
+    from halluc_lab.model.kv_cache import step_cost
+    from halluc_lab.model.transformer import ModelConfig, Transformer
 
     config = ModelConfig(vocab_size=50, hidden_size=32, n_layers=2, n_heads=4, n_kv_heads=2, tie_embeddings=False)
     model = Transformer(config)
@@ -180,8 +180,8 @@ def test_step_cost_counts_the_matmuls_pytorch_counts():
 
 
 def test_step_cost_rejects_bad_counts():
-    from halluc_lab.kv_cache import step_cost
-    from halluc_lab.model import ModelConfig
+    from halluc_lab.model.kv_cache import step_cost
+    from halluc_lab.model.transformer import ModelConfig
 
     config = ModelConfig(vocab_size=50, hidden_size=32, n_layers=1, n_heads=2)
     for kw in (dict(n_new=0), dict(n_new=1, n_cached=-1), dict(n_new=1, batch=0)):

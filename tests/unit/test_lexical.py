@@ -1,4 +1,4 @@
-"""halluc_lab.lexical: precision/recall/F1, edit distance, PMI, TF-IDF, BM25 and RRF (004 §2.1, §3)."""
+"""halluc_lab.foundations.lexical: precision/recall/F1, edit distance, PMI, TF-IDF, BM25 and RRF (004 §2.1, §3)."""
 
 import math
 from collections import deque
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from halluc_lab.lexical import (
+from halluc_lab.foundations.lexical import (
     Edit,
     apply_edits,
     bm25_scores,

@@ -1,4 +1,4 @@
-"""The live sampler's computation (halluc_lab.live), without a browser: tests/book/test_jupyterlab.py drives
+"""The live sampler's computation (halluc_lab.book.live), without a browser: tests/book/test_jupyterlab.py drives
 its widgets in JupyterLab."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from halluc_lab import sampling
-from halluc_lab.live import LiveSampler, distribution_html, live_sampler
-from halluc_lab.model import ModelConfig, Transformer
+from halluc_lab.generation import sampling
+from halluc_lab.book.live import LiveSampler, distribution_html, live_sampler
+from halluc_lab.model.transformer import ModelConfig, Transformer
 from halluc_lab.tasks import KBWalk, KBWalkConfig
 
 

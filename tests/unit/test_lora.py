@@ -3,10 +3,10 @@
 import pytest
 import torch
 
-from halluc_lab.data import Batch, batches
-from halluc_lab.lora import ALL_LINEAR, ATTENTION, MLP, AdaptedLM, LoraSpec, merge, trainable, with_lora
-from halluc_lab.model import ModelConfig, Transformer
-from halluc_lab.train import TrainConfig, train
+from halluc_lab.training.data import Batch, batches
+from halluc_lab.extensions.lora import ALL_LINEAR, ATTENTION, MLP, AdaptedLM, LoraSpec, merge, trainable, with_lora
+from halluc_lab.model.transformer import ModelConfig, Transformer
+from halluc_lab.training.train import TrainConfig, train
 
 pytest.importorskip("peft")
 

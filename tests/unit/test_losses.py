@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from halluc_lab.losses import IGNORE, causal_lm_loss, label_smoothed_nll, sequence_logprobs, token_logprobs
+from halluc_lab.training.losses import IGNORE, causal_lm_loss, label_smoothed_nll, sequence_logprobs, token_logprobs
 
 
 def test_loss_is_equation_9_by_hand():

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from halluc_lab.losses import (
+from halluc_lab.training.losses import (
     dapo_loss,
     dr_grpo_loss,
     group_advantages,

@@ -6,10 +6,10 @@ import math
 import pytest
 import torch
 
-from halluc_lab.hf_convert import config_from_hf, from_hf, to_hf, to_hf_config
-from halluc_lab.kv_cache import KVCache
-from halluc_lab.model import ModelConfig, RMSNorm, Transformer, rms_norm_reference, segment_positions
-from halluc_lab.positional import RopeScaling
+from halluc_lab.model.hf_convert import config_from_hf, from_hf, to_hf, to_hf_config
+from halluc_lab.model.kv_cache import KVCache
+from halluc_lab.model.transformer import ModelConfig, RMSNorm, Transformer, rms_norm_reference, segment_positions
+from halluc_lab.model.positional import RopeScaling
 
 V = 97
 SCALINGS = {"plain": None, "linear": RopeScaling("linear", 2.0),
@@ -244,7 +244,7 @@ def test_config_fields_of_the_wrong_type_raise_type_error(kw, name):
 def test_model_config_accepts_numpy_integers_as_ints():
     import numpy as np
 
-    from halluc_lab.model import ModelConfig
+    from halluc_lab.model.transformer import ModelConfig
 
     cfg = ModelConfig(vocab_size=np.int64(10), hidden_size=np.int32(8), n_layers=1, n_heads=2)
     assert cfg == ModelConfig(vocab_size=10, hidden_size=8, n_layers=1, n_heads=2)

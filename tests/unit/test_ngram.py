@@ -1,4 +1,4 @@
-"""halluc_lab.ngram: bigram counts, MLE, add-k smoothing, likelihood and perplexity."""
+"""halluc_lab.foundations.ngram: bigram counts, MLE, add-k smoothing, likelihood and perplexity."""
 
 import itertools
 import math
@@ -9,8 +9,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from halluc_lab import autoregressive as ar
-from halluc_lab.ngram import (
+from halluc_lab.foundations import autoregressive as ar
+from halluc_lab.foundations.ngram import (
     BOS,
     EOS,
     NGramLM,

@@ -14,10 +14,10 @@ from functools import lru_cache
 import pytest
 
 from halluc_lab import recipes
-from halluc_lab.data import Batch
-from halluc_lab.preference import evaluation_examples, preference_examples
-from halluc_lab.sft import own_error_demonstration
-from halluc_lab.sft import SFT
+from halluc_lab.training.data import Batch
+from halluc_lab.stages.preference import evaluation_examples, preference_examples
+from halluc_lab.stages.sft import own_error_demonstration
+from halluc_lab.stages.sft import SFT
 from halluc_lab.tasks import KBWalk, make_task
 from halluc_lab.tasks.base import completion_symbols
 from halluc_lab.tasks.kb_walk import HARD, HARD_KINDS, KINDS, PRACTISED

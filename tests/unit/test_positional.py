@@ -1,4 +1,4 @@
-"""Tests of halluc_lab.positional: HF RoPE oracles, the two RoPE layouts, sinusoidal identities, YaRN variants."""
+"""Tests of halluc_lab.model.positional: HF RoPE oracles, the two RoPE layouts, sinusoidal identities, YaRN variants."""
 
 import dataclasses
 import math
@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from halluc_lab.positional import (RopeScaling, apply_rope, apply_rope_interleaved, half_to_interleaved,
+from halluc_lab.model.positional import (RopeScaling, apply_rope, apply_rope_interleaved, half_to_interleaved,
                                    interleaved_to_half, ntk_aware_base, rope_cos_sin, rope_frequencies,
                                    rotation_matrix, sinusoidal_encoding, sinusoidal_shift_matrix, usage_ratio,
                                    wavelength, yarn_attention_factor, yarn_document_inv_freq, yarn_paper_inv_freq,

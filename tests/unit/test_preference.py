@@ -11,16 +11,17 @@ import torch
 from scipy import stats
 from torch import nn
 
-from halluc_lab import preference, recipes
-from halluc_lab import train as halluc_train
-from halluc_lab.data import IGNORE, batches
-from halluc_lab.evaluate import score_answers
-from halluc_lab.model import ModelConfig
-from halluc_lab.preference import (DPOLoss, PreferencePairs, SampleGroups, VerifierReward, best_of_n, build_pairs,
+from halluc_lab import recipes
+from halluc_lab.stages import preference
+from halluc_lab.training import train as halluc_train
+from halluc_lab.training.data import IGNORE, batches
+from halluc_lab.evaluation.evaluate import score_answers
+from halluc_lab.model.transformer import ModelConfig
+from halluc_lab.stages.preference import (DPOLoss, PreferencePairs, SampleGroups, VerifierReward, best_of_n, build_pairs,
                                    pair_logps, precompute_reference_logps, rank_pairs, rsft_rows, sample_groups,
                                    soft_best_of_n)
 from halluc_lab.tasks import Arithmetic, ArithmeticConfig, make_task
-from halluc_lab.train import TrainConfig, train
+from halluc_lab.training.train import TrainConfig, train
 from tests.unit._tiny_lm import small_transformer
 from tests.unit.test_reward_model import BOS, PAD, V, separable_pairs
 
@@ -266,7 +267,7 @@ def same_weights(a, b):
 
 def test_a_tiny_dpo_stage_trains_through_the_recipe_cache_and_loads_afterwards(cache):
     r = tiny_chain(DPO(n_prompts=64, samples=8, beta=0.1))
-    assert "halluc_lab.preference" in recipes.code_modules(r)  # its code is in the key
+    assert "halluc_lab.stages.preference" in recipes.code_modules(r)  # its code is in the key
     first = recipes.load_recipe(r, CPU)
     assert first.trained_now and len(first.history.loss) == 6
     assert first.history.loss[0] == pytest.approx(math.log(2), abs=1e-4)  # step 1: π = π_ref

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from halluc_lab.losses import (bradley_terry_loss, dpo_loss, gae_advantages, kl_estimates, ppo_clipped_objective)
+from halluc_lab.training.losses import (bradley_terry_loss, dpo_loss, gae_advantages, kl_estimates, ppo_clipped_objective)
 
 D = torch.float64
 

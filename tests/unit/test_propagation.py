@@ -1,12 +1,12 @@
-"""The residual stream, the deviation between two runs and the Jacobians of halluc_lab.propagation, checked
+"""The residual stream, the deviation between two runs and the Jacobians of halluc_lab.evaluation.propagation, checked
 against the model's own forward (logits, autograd and finite differences through a hook)."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from halluc_lab.model import ModelConfig, Transformer
-from halluc_lab.propagation import block_jacobian, deviation, residual_stream, stream_jacobian
+from halluc_lab.model.transformer import ModelConfig, Transformer
+from halluc_lab.evaluation.propagation import block_jacobian, deviation, residual_stream, stream_jacobian
 
 V, D, L = 16, 16, 3  # vocabulary, width, blocks
 

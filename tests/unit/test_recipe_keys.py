@@ -9,12 +9,13 @@ import random
 import pytest
 import torch
 
-from halluc_lab import code_trees, progress, recipe_cache, recipes
-from halluc_lab.recipe_cache import Platform
+from halluc_lab import progress, recipes
+from halluc_lab.recipes import cache as recipe_cache, code_trees
+from halluc_lab.recipes.cache import Platform
 from tests.unit.test_recipes import CPU, same_weights, tiny, tiny_sft
 
 SMOKE = {name: recipes.get(name, "smoke") for name in recipes.NAMES}
-POST_TRAINING = ("halluc_lab.preference", "halluc_lab.rlhf", "halluc_lab.rlvr", "halluc_lab.rlvr_rounds")
+POST_TRAINING = ("halluc_lab.stages.preference", "halluc_lab.stages.rlhf", "halluc_lab.stages.rlvr", "halluc_lab.stages.rlvr_rounds")
 
 
 def _edited(target: str, edit):
@@ -36,12 +37,12 @@ def test_every_recipe_key_covers_its_stage_module_and_the_loop(name):
     used = recipes.code_modules(r)
     for link in recipe_cache.lineage(r):
         assert type(link.stage).__module__ in used
-    assert {"halluc_lab.train", "halluc_lab.model", "halluc_lab.recipe"} <= set(used)
+    assert {"halluc_lab.training.train", "halluc_lab.model.transformer", "halluc_lab.training.recipe"} <= set(used)
     assert not set(recipe_cache.EXEMPT) & set(used)
 
 
 def test_adding_a_function_to_rlvr_rounds_changes_only_the_keys_of_rlvr_chains():
-    source = _edited("halluc_lab.rlvr_rounds", lambda s: s + "\n\ndef added(x):\n    return x + 1\n")
+    source = _edited("halluc_lab.stages.rlvr_rounds", lambda s: s + "\n\ndef added(x):\n    return x + 1\n")
     moved = {n for n, r in SMOKE.items() if recipes.code_fingerprint(r, source) != recipes.code_fingerprint(r)}
     rlvr = {n for n, r in SMOKE.items()
             if any(type(link.stage).__name__ == "RLVR" for link in recipe_cache.lineage(r))}
@@ -49,26 +50,26 @@ def test_adding_a_function_to_rlvr_rounds_changes_only_the_keys_of_rlvr_chains()
 
 
 def test_a_change_to_the_preference_stages_leaves_pretraining_and_sft_keys_alone():
-    source = _edited("halluc_lab.preference", lambda s: s + "\n\nEXTRA = 1\n")
+    source = _edited("halluc_lab.stages.preference", lambda s: s + "\n\nEXTRA = 1\n")
     moved = {n for n, r in SMOKE.items() if recipes.code_fingerprint(r, source) != recipes.code_fingerprint(r)}
     assert not any(n.endswith(("-pretrain", "-sft-clean", "-sft-backspace", "-sft-scheduled")) for n in moved)
     assert {"kb_walk-dpo", "kb_walk-rsft", "kb_walk-rlvr"} <= moved  # RLVR draws its prompts from preference
 
 
 def test_imports_under_type_checking_are_not_followed_but_their_else_branch_is():
-    source = ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from halluc_lab.rlvr import RLVR\n"
-              "else:\n    from halluc_lab import engine\n")
-    _, found = code_trees.parse("halluc_lab.losses", source)
-    assert found == {"halluc_lab.engine"}
+    source = ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from halluc_lab.stages.rlvr import RLVR\n"
+              "else:\n    from halluc_lab.generation import engine\n")
+    _, found = code_trees.parse("halluc_lab.training.losses", source)
+    assert found == {"halluc_lab.generation.engine"}
 
 
 def test_module_hashes_name_the_module_whose_code_moved():
     r = tiny_sft()
     before = recipes.code_hashes(r)
     assert set(before) == set(recipes.code_modules(r))
-    source = _edited("halluc_lab.losses", lambda s: s + "\nZ = 2\n")
+    source = _edited("halluc_lab.training.losses", lambda s: s + "\nZ = 2\n")
     assert recipe_cache.moved_modules(before) == []
-    assert recipe_cache.moved_modules(before, source) == ["halluc_lab.losses"]
+    assert recipe_cache.moved_modules(before, source) == ["halluc_lab.training.losses"]
     assert recipe_cache.moved_modules({"halluc_lab.gone_module": "0" * 16}) == ["halluc_lab.gone_module"]
 
 

@@ -12,15 +12,17 @@ import warnings
 import pytest
 import torch
 
-from halluc_lab import code_trees, recipe, recipe_cache, recipes
-from halluc_lab import train as halluc_train
-from halluc_lab.data import IGNORE
-from halluc_lab.model import ModelConfig
-from halluc_lab.retrieval import fact_passages
-from halluc_lab.reward_model import AgreeableAnnotator
-from halluc_lab.sft import BackspaceConfig, RetrievedContext
+from halluc_lab import recipes
+from halluc_lab.recipes import cache as recipe_cache, code_trees
+from halluc_lab.training import recipe
+from halluc_lab.training import train as halluc_train
+from halluc_lab.training.data import IGNORE
+from halluc_lab.model.transformer import ModelConfig
+from halluc_lab.evaluation.retrieval import fact_passages
+from halluc_lab.stages.reward_model import AgreeableAnnotator
+from halluc_lab.stages.sft import BackspaceConfig, RetrievedContext
 from halluc_lab.tasks import ArithmeticConfig, make_task
-from halluc_lab.train import NextTokenLoss, TrainConfig, file_sha256
+from halluc_lab.training.train import NextTokenLoss, TrainConfig, file_sha256
 
 CPU = torch.device("cpu")
 
@@ -265,7 +267,7 @@ def test_key_changes_with_the_config_the_parent_the_version_and_the_dtype(monkey
 
 
 def test_configs_of_different_types_with_equal_fields_have_different_keys():
-    from halluc_lab.rlvr import GRPO, DrGRPO
+    from halluc_lab.stages.rlvr import GRPO, DrGRPO
 
     r = recipes.get("kb_walk-rlvr", "smoke")
     grpo = dataclasses.replace(r, stage=dataclasses.replace(r.stage, policy_loss=GRPO(clip=0.2)))
@@ -291,9 +293,9 @@ def test_code_modules_are_what_the_recipe_imports_and_nothing_else():
 
 def test_imports_inside_functions_count_and_from_package_import_module_names_the_module():
     source = ("from halluc_lab import engine\nimport torch\n"
-              "def f():\n    import halluc_lab.claims\n    from halluc_lab.tasks import make_task\n")
-    _, found = code_trees.parse("halluc_lab.losses", source)
-    assert found == {"halluc_lab.engine", "halluc_lab.claims", "halluc_lab.tasks"}
+              "def f():\n    import halluc_lab.book.claims\n    from halluc_lab.tasks import make_task\n")
+    _, found = code_trees.parse("halluc_lab.training.losses", source)
+    assert found == {"halluc_lab.generation.engine", "halluc_lab.book.claims", "halluc_lab.tasks"}
 
 
 def test_the_code_fingerprint_follows_code_the_recipe_uses_not_prose_or_other_modules(monkeypatch):
@@ -304,13 +306,13 @@ def test_the_code_fingerprint_follows_code_the_recipe_uses_not_prose_or_other_mo
         return lambda m: edit(real(m)) if m == target else real(m)
 
     base = recipes.code_fingerprint(r)
-    code = edited("halluc_lab.losses", lambda s: s + "\nREDUCTIONS = REDUCTIONS[:2]\n")
+    code = edited("halluc_lab.training.losses", lambda s: s + "\nREDUCTIONS = REDUCTIONS[:2]\n")
     assert recipes.code_fingerprint(r, code) != base
-    prose = edited("halluc_lab.losses", lambda s: s.replace('"""Losses as', '"""Reworded: losses as', 1)
+    prose = edited("halluc_lab.training.losses", lambda s: s.replace('"""Losses as', '"""Reworded: losses as', 1)
                    .replace("# the ignore_index", "# reworded: the ignore_index", 1))
-    assert prose("halluc_lab.losses") != real("halluc_lab.losses")
+    assert prose("halluc_lab.training.losses") != real("halluc_lab.training.losses")
     assert recipes.code_fingerprint(r, prose) == base
-    assert recipes.code_fingerprint(r, edited("halluc_lab.interactive", lambda s: s + "\nX = 1\n")) == base
+    assert recipes.code_fingerprint(r, edited("halluc_lab.book.interactive", lambda s: s + "\nX = 1\n")) == base
     k = recipes.key(r)
     monkeypatch.setattr(code_trees, "read_source", code)
     assert recipes.key(r) != k
@@ -488,7 +490,7 @@ def test_a_corrupt_checkpoint_is_reported_and_training_starts_over(cache, monkey
 def test_checkpoint_loads_with_auto_classes_and_hf_generate_matches_the_engine(cache):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from halluc_lab.engine import GREEDY, generate
+    from halluc_lab.generation.engine import GREEDY, generate
 
     trained = recipes.load_recipe(tiny(), CPU)
     hf = AutoModelForCausalLM.from_pretrained(os.path.join(trained.path, "model")).eval()
@@ -508,7 +510,7 @@ def test_checkpoint_loads_with_auto_classes_and_hf_generate_matches_the_engine(c
 def test_a_recipe_trains_on_cuda_under_bf16_autocast_and_generates_like_hugging_face(cache):
     from transformers import AutoModelForCausalLM
 
-    from halluc_lab.engine import GREEDY, generate
+    from halluc_lab.generation.engine import GREEDY, generate
 
     cuda = torch.device("cuda")
     trained = recipes.load_recipe(tiny_sft("sft-backspace", backspace=BackspaceConfig(rate=0.2)), cuda, torch.bfloat16)

@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))  # importable by name: the spawned workers import it too
 
 import reproduce  # noqa: E402
-from halluc_lab.notebook import read_glue  # noqa: E402
+from halluc_lab.book.notebook import read_glue  # noqa: E402
 
 FIXTURE = ROOT / "tests" / "fixtures" / "reproduce_demo.ipynb"
 

@@ -1,4 +1,4 @@
-"""halluc_lab.retrieval: kb_walk's passages, BM25 (bm25s) against the lab's reference, the dense retriever's
+"""halluc_lab.evaluation.retrieval: kb_walk's passages, BM25 (bm25s) against the lab's reference, the dense retriever's
 pooling, RRF, recall@k by hand, eq. (11)'s prompt, bad input, recall on a small world, and the SFT examples
 with retrieved context (RetrievedContext)."""
 
@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 import torch
 
-from halluc_lab import lexical
-from halluc_lab.retrieval import (BM25Retriever, DenseRetriever, FusedRetriever, embed, fact_passages, rag_prompt,
+from halluc_lab.foundations import lexical
+from halluc_lab.evaluation.retrieval import (BM25Retriever, DenseRetriever, FusedRetriever, embed, fact_passages, rag_prompt,
                                   recall_at_k, supporting_passages)
-from halluc_lab.sft import RetrievedContext
+from halluc_lab.stages.sft import RetrievedContext
 from halluc_lab.tasks import Arithmetic
 from halluc_lab.tasks.kb_walk import KBWalk, KBWalkConfig
-from halluc_lab.tokenizer import ABSTAIN
+from halluc_lab.model.tokenizer import ABSTAIN
 from tests.unit._tiny_lm import small_transformer
 
 # The kb_walk world of recipes.TASK_PLANS' smoke scale: 24 entities, 4 relations, 84 facts.

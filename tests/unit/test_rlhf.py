@@ -10,8 +10,8 @@ import torch
 
 from halluc_lab import recipes
 from halluc_lab.device import deterministic
-from halluc_lab.reward_model import RewardModel, pair_accuracy, sample_groups
-from halluc_lab.rlhf import PPO, PPOConfig, PPOHistory, RewardModelPlan, fit_reward_model, ppo
+from halluc_lab.stages.reward_model import RewardModel, pair_accuracy, sample_groups
+from halluc_lab.stages.rlhf import PPO, PPOConfig, PPOHistory, RewardModelPlan, fit_reward_model, ppo
 from tests.unit._tiny_lm import small_transformer
 from tests.unit.test_preference import cache, same_weights, shared_cache, tiny_chain  # noqa: F401 (fixtures)
 from tests.unit.test_reward_model import BOS, GOOD, PAD, V
@@ -94,7 +94,7 @@ RLHF_STAGE = PPO(n_prompts=64, config=ROUNDS, reward_model=RewardModelPlan(sampl
 @pytest.mark.usefixtures("cache")
 def test_a_tiny_ppo_stage_trains_through_the_recipe_cache_and_keeps_its_round_history(stage):
     r = tiny_chain(stage, steps=4)
-    assert "halluc_lab.rlhf" in recipes.code_modules(r)  # its code is in the key
+    assert "halluc_lab.stages.rlhf" in recipes.code_modules(r)  # its code is in the key
     first = recipes.load_recipe(r, CPU)
     assert first.trained_now and first.history.step == [1, 2, 3, 4]
     m = first.history.metrics

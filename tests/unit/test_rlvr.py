@@ -10,13 +10,13 @@ import pytest
 import torch
 
 from halluc_lab import recipes
-from halluc_lab import rlvr as rlvr_module
-from halluc_lab.backtrack import CONTEXTS, rollout, training_rows
-from halluc_lab.data import IGNORE, pad
+from halluc_lab.stages import rlvr as rlvr_module
+from halluc_lab.generation.backtrack import CONTEXTS, rollout, training_rows
+from halluc_lab.training.data import IGNORE, pad
 from halluc_lab.device import deterministic
-from halluc_lab.model import ModelConfig, Transformer
-from halluc_lab.reward_model import VerifierReward
-from halluc_lab.rlvr import (
+from halluc_lab.model.transformer import ModelConfig, Transformer
+from halluc_lab.stages.reward_model import VerifierReward
+from halluc_lab.stages.rlvr import (
     DAPO,
     GRPO,
     POLICY_LOSSES,
@@ -27,9 +27,9 @@ from halluc_lab.rlvr import (
     RLVR,
     rlvr,
 )
-from halluc_lab.rlvr_rounds import CapturedUpdate, keep_rows, log_logprobs, pad_flags, round_rows
+from halluc_lab.stages.rlvr_rounds import CapturedUpdate, keep_rows, log_logprobs, pad_flags, round_rows
 from halluc_lab.tasks import make_task
-from halluc_lab.tokenizer import Tokenizer
+from halluc_lab.model.tokenizer import Tokenizer
 from tests.unit.test_backtrack import BKSP, FORCED, prompts, run, tiny
 from tests.unit.test_preference import cache, same_weights, shared_cache, tiny_chain  # noqa: F401 (fixtures)
 
@@ -495,7 +495,7 @@ def test_a_tiny_rlvr_stage_trains_through_the_recipe_cache_and_keeps_its_round_h
     stage = recipes.RLVR(n_prompts=16, config=RLVRConfig(prompts_per_iteration=4, samples_per_prompt=4, minibatches=2),
                          lam=3.0, bksp_cost=0.5)
     r = tiny_chain(stage, steps=3)
-    assert "halluc_lab.rlvr" in recipes.code_modules(r)  # its code is in the key
+    assert "halluc_lab.stages.rlvr" in recipes.code_modules(r)  # its code is in the key
     first = recipes.load_recipe(r, CPU)
     assert first.trained_now and first.history.step == [1, 2, 3] and first.history.lr == [r.train.lr] * 3
     m = first.history.metrics

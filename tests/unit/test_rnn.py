@@ -1,4 +1,4 @@
-"""halluc_lab.rnn: the Elman RNN LM and its hand-derived BPTT gradients (003 §2, boxed i–vii)."""
+"""halluc_lab.foundations.rnn: the Elman RNN LM and its hand-derived BPTT gradients (003 §2, boxed i–vii)."""
 
 import pytest
 import torch
@@ -6,8 +6,8 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from halluc_lab import rnn
-from halluc_lab.autoregressive import prediction_mask
+from halluc_lab.foundations import rnn
+from halluc_lab.foundations.autoregressive import prediction_mask
 
 
 def setup_case(vocab=6, hidden=5, batch=3, steps=7, seed=0, p=None):

@@ -1,4 +1,4 @@
-"""halluc_lab.sampling: softmax with temperature, greedy, top-k, top-p, sampling, beam search."""
+"""halluc_lab.generation.sampling: softmax with temperature, greedy, top-k, top-p, sampling, beam search."""
 
 import functools
 import itertools
@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from scipy import stats
 from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-from halluc_lab import decoding as D
-from halluc_lab import sampling as S
+from halluc_lab.generation import decoding as D
+from halluc_lab.generation import sampling as S
 
 FAST = settings(max_examples=30, deadline=None)
 
@@ -85,7 +85,7 @@ def test_bf16_logits_at_small_temperature_do_not_overflow():
 
 
 def test_entropy_in_nats_and_bits_delegates_to_information():
-    from halluc_lab import information
+    from halluc_lab.foundations import information
 
     z = random_logits((4, 9), 1, masked=3)
     for unit in ("nats", "bits"):

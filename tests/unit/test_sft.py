@@ -5,9 +5,9 @@ import random
 import pytest
 import torch
 
-from halluc_lab.data import IGNORE, encode_example, pad
-from halluc_lab.retraction import REFUSE, TAKE_BACK, ForbiddenFacts
-from halluc_lab.sft import BackspaceConfig, backspace_demonstration, own_error_demonstration, scheduled_sampling
+from halluc_lab.training.data import IGNORE, encode_example, pad
+from halluc_lab.extensions.retraction import REFUSE, TAKE_BACK, ForbiddenFacts
+from halluc_lab.stages.sft import BackspaceConfig, backspace_demonstration, own_error_demonstration, scheduled_sampling
 from halluc_lab.tasks import Arithmetic, ArithmeticConfig, Example, KBWalk, KBWalkConfig, completion_symbols
 from tests.unit._tiny_lm import TinyConfig, TinyLM
 

@@ -1,4 +1,4 @@
-"""Intervals and verdicts (halluc_lab.stats) against closed forms and scipy."""
+"""Intervals and verdicts (halluc_lab.evaluation.stats) against closed forms and scipy."""
 
 import math
 
@@ -10,7 +10,7 @@ from scipy.stats import binomtest, bootstrap
 
 from scipy.stats import t as student_t
 
-from halluc_lab.stats import (Interval, OneSeedError, bootstrap_mean, difference, paired_difference,
+from halluc_lab.evaluation.stats import (Interval, OneSeedError, bootstrap_mean, difference, paired_difference,
                               reliability, said, t_difference, verdict, wilson)
 
 

@@ -1,11 +1,11 @@
-"""halluc_lab.textrank: PageRank by power iteration and TextRank keywords (004 §3.6, an empty heading)."""
+"""halluc_lab.foundations.textrank: PageRank by power iteration and TextRank keywords (004 §3.6, an empty heading)."""
 
 import math
 
 import numpy as np
 import pytest
 
-from halluc_lab.textrank import PageRankResult, cooccurrence_graph, keywords, pagerank
+from halluc_lab.foundations.textrank import PageRankResult, cooccurrence_graph, keywords, pagerank
 
 # ---------------------------------------------------------------- PageRank
 

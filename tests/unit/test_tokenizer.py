@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from halluc_lab.tokenizer import SPECIAL_TOKENS, Tokenizer
+from halluc_lab.model.tokenizer import SPECIAL_TOKENS, Tokenizer
 
 SYMBOLS = ["0", "1", "2", "+", "=", "zorvak", "kel_of"]
 

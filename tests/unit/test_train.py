@@ -7,8 +7,8 @@ import os
 import pytest
 import torch
 
-from halluc_lab.data import IGNORE, Batch, batches
-from halluc_lab.train import (CheckpointError, NextTokenLoss, TrainConfig, accumulate_gradients, adamw_reference_step,
+from halluc_lab.training.data import IGNORE, Batch, batches
+from halluc_lab.training.train import (CheckpointError, NextTokenLoss, TrainConfig, accumulate_gradients, adamw_reference_step,
                               latest_checkpoint, load_checkpoint, lr_at, make_optimizer, train)
 from tests.unit._tiny_lm import TinyConfig, TinyLM
 
@@ -79,7 +79,7 @@ def test_mean_of_microbatch_means_is_not_the_large_batch_gradient_when_counts_di
     accumulate_gradients(big, batch, 1)
     naive = model(dtype=torch.float64)
     for half in (batch[:8], batch[8:]):  # 000 §5.7 literally: (1/K) Σ_k ∇L^(k) with per-micro-batch means
-        from halluc_lab.losses import causal_lm_loss
+        from halluc_lab.training.losses import causal_lm_loss
         (causal_lm_loss(naive(half.input_ids), half.labels) / 2).backward()
     assert not torch.allclose(naive.head.weight.grad, big.head.weight.grad, rtol=1e-6)
 
@@ -214,7 +214,7 @@ def test_bad_step_and_accumulation_raise():
 
 # -- the captured step (CUDA) ----------------------------------------------------------------------
 def _lab_rows(device):
-    from halluc_lab.data import encode_example, pack
+    from halluc_lab.training.data import encode_example, pack
     from halluc_lab.tasks import Arithmetic, ArithmeticConfig
 
     task = Arithmetic(ArithmeticConfig(max_digits=2))
@@ -278,7 +278,7 @@ def test_a_captured_step_needs_a_cuda_model():
 
 
 def test_graphs_run_a_body_eagerly_each_time_or_capture_it_once_by_name(monkeypatch):
-    from halluc_lab import step
+    from halluc_lab.training import step
 
     calls = []
 
@@ -321,7 +321,7 @@ def test_config_fields_of_the_wrong_type_are_named_with_their_range(field, value
 def test_config_accepts_numpy_numbers_and_holds_them_as_python_numbers():
     import numpy as np
 
-    from halluc_lab.train import lr_at
+    from halluc_lab.training.train import lr_at
 
     cfg = TrainConfig(steps=np.int64(10), warmup_steps=np.int32(2), lr=np.float32(0.5),
                       betas=(np.float64(0.9), 0.95))

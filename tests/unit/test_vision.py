@@ -5,11 +5,11 @@ import random
 import pytest
 import torch
 
-from halluc_lab.data import batches
-from halluc_lab.model import ModelConfig, Transformer
-from halluc_lab.tokenizer import Tokenizer
-from halluc_lab.train import TrainConfig, train
-from halluc_lab.vision import MAX_NOISE, PALETTE, GridWorld, VisionLanguageModel, cells_right
+from halluc_lab.training.data import batches
+from halluc_lab.model.transformer import ModelConfig, Transformer
+from halluc_lab.model.tokenizer import Tokenizer
+from halluc_lab.training.train import TrainConfig, train
+from halluc_lab.extensions.vision import MAX_NOISE, PALETTE, GridWorld, VisionLanguageModel, cells_right
 
 WORLD = GridWorld(rows=2, cols=2, colors=4, noise=0.05)
 TOK = Tokenizer(WORLD.symbols())

@@ -96,7 +96,7 @@
 })();
 
 // Interactive figures are recorded in the notebooks with the drawing code of the day they ran. The
-// book draws them again with the library's current code (halluc_lab/interactive.js, served as
+// book draws them again with the library's current code (halluc_lab/book/interactive.js, served as
 // _static/hl_interactive.js by offline_book.py): drawn for the column's width, captions with code.
 // Each explorer is replaced by a copy of itself (a copy has none of the old code's listeners).
 (() => {
