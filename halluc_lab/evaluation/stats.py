@@ -22,6 +22,7 @@ methods) states a difference only where an interval excludes zero; the prose the
 - :func:`said` — the one verdict of the book: "A is higher than B in …", "A is lower than B in …"
   or "A − B in …: not resolved", the interval beside it, "(exploratory)" before a contrast the
   chapter did not pre-register. :func:`verdict` is its terse form for a table cell.
+- :func:`per_seed` — a chapter's results as the (seeds, prompts) grid every interval above takes.
 - :func:`reliability` — calibration (chapter 11): answers binned by the model's confidence, each bin's
   accuracy beside its mean confidence (the reliability diagram), and the expected calibration error
   ECE = Σ_b (n_b/N) |accuracy_b − confidence_b| (Guo et al., 2017) over equal-width bins.
@@ -97,6 +98,22 @@ class Interval:
 
     def __str__(self) -> str:
         return format(self)
+
+
+def per_seed(runs, key: tuple, metric: str, seeds, mask=None) -> np.ndarray:
+    """The (seeds, prompts) grid of one metric: row s is ``runs[(*key, s)][metric]``, one value per
+    evaluation prompt in a fixed order, for each seed of ``seeds``; ``mask`` (a boolean vector over
+    the prompts, or indices) keeps some columns, e.g. the hard split.
+
+    >>> runs = {("sft", 0): {"wrong": [1, 0]}, ("sft", 1): {"wrong": [0, 0]}}
+    >>> per_seed(runs, ("sft",), "wrong", [0, 1]).tolist()
+    [[1.0, 0.0], [0.0, 0.0]]
+    """
+    missing = [s for s in seeds if (*key, s) not in runs]
+    if missing:
+        raise KeyError(f"no runs of {key!r} under seeds {missing}")
+    grid = _as_grid([runs[(*key, s)][metric] for s in seeds], metric)
+    return grid if mask is None else grid[:, mask]
 
 
 def _check_confidence(confidence: float) -> None:

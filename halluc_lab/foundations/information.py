@@ -1,4 +1,5 @@
-"""Information theory on probability tensors: entropy, cross-entropy, KL, perplexity, surprisal.
+"""Information theory on probability tensors: entropy, cross-entropy, KL, total variation,
+perplexity, surprisal.
 
 Chapter 1 (autoregressive language models). Sources: 002 "Information Theory" and "Entropy"
 (surprisal in bits, entropy of the next-token distribution), 002 "Perplexity", 004 §2.1.1
@@ -25,6 +26,8 @@ the same number either way (chapter 1 shows it).
 from __future__ import annotations
 
 import math
+from collections import Counter
+from collections.abc import Hashable, Sequence
 
 import torch
 
@@ -170,6 +173,32 @@ def kl_divergence(p: torch.Tensor, q: torch.Tensor, dim: int = -1, unit: str = "
     # at 0 (KL is never negative) — it moves the result by at most a few ulps.
     kl = (_xlogy(pw, pw) - _xlogy(pw, qw)).sum(dim=dim) / base
     return kl.clamp_min(0.0)
+
+
+def total_variation(p: torch.Tensor, q: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """Total-variation distance ½ Σ |p − q| along ``dim``: the most probability the two
+    distributions give differently to any one event; 0 iff p = q, 1 for disjoint supports.
+
+    >>> total_variation(torch.tensor([1.0, 0.0]), torch.tensor([0.5, 0.5]))
+    tensor(0.5000)
+    """
+    _check_pair(p, q, dim)
+    return 0.5 * (_work_dtype(p) - _work_dtype(q).to(_work_dtype(p).dtype)).abs().sum(dim=dim)
+
+
+def sample_total_variation(a: Sequence[Hashable], b: Sequence[Hashable]) -> float:
+    """Total-variation distance between the empirical distributions of two samples of outcomes.
+    Summed in integer counts, with one division at the end, so the value does not depend on the
+    (hash-seeded) order in which a set lists the outcomes.
+
+    >>> sample_total_variation("aab", "abb")
+    0.3333333333333333
+    """
+    if not len(a) or not len(b):
+        raise ValueError(f"both samples need outcomes, got {len(a)} and {len(b)}")
+    ca, cb = Counter(a), Counter(b)
+    diff = sum(abs(ca[x] * len(b) - cb[x] * len(a)) for x in ca.keys() | cb.keys())
+    return diff / (2 * len(a) * len(b))
 
 
 def perplexity(probs: torch.Tensor, dim: int = -1) -> torch.Tensor:

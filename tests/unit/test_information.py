@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from halluc_lab.foundations import information
 from halluc_lab.foundations.information import (
     check_distribution,
     cross_entropy,
@@ -207,3 +208,21 @@ def test_sum_tolerance_scales_with_precision():
     check_distribution(torch.softmax(torch.randn(4, 50_000), -1))
     with pytest.raises(ValueError, match="sum to 1"):
         check_distribution(torch.full((10,), 0.1, dtype=torch.float64) * (1 + 1e-5))
+
+
+def test_total_variation_is_half_the_l1_distance_and_refuses_non_distributions():
+    p, q = torch.tensor([0.2, 0.8]), torch.tensor([0.6, 0.4])
+    assert information.total_variation(p, q).item() == pytest.approx(0.4)
+    assert information.total_variation(p, p).item() == 0.0
+    with pytest.raises(ValueError):
+        information.total_variation(torch.tensor([0.5, 0.6]), q)
+
+
+def test_sample_total_variation_does_not_depend_on_the_order_of_outcomes():
+    a, b = ["x", "y", "y", "z"], ["z", "z", "x"]
+    exact = (abs(1 * 3 - 1 * 4) + abs(2 * 3 - 0) + abs(1 * 3 - 2 * 4)) / (2 * 4 * 3)
+    assert information.sample_total_variation(a, b) == exact
+    assert information.sample_total_variation(a[::-1], b[::-1]) == exact
+    assert information.sample_total_variation(a, a) == 0.0
+    with pytest.raises(ValueError, match="both samples"):
+        information.sample_total_variation([], b)

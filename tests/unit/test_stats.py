@@ -10,6 +10,7 @@ from scipy.stats import binomtest, bootstrap
 
 from scipy.stats import t as student_t
 
+from halluc_lab.evaluation import stats
 from halluc_lab.evaluation.stats import (Interval, OneSeedError, bootstrap_mean, difference, paired_difference,
                               reliability, said, t_difference, verdict, wilson)
 
@@ -257,3 +258,12 @@ def test_the_seeds_and_per_seed_values_ride_through_a_map():
     iv = t_difference([[1.0, 1.2], [0.8, 1.0]], [[0.0, 0.0], [0.0, 0.0]]).map(math.exp)
     assert iv.seeds == 2 and iv.method == "t"
     assert iv.per_seed == pytest.approx((math.exp(1.1), math.exp(0.9)))
+
+
+def test_per_seed_stacks_one_row_per_seed_and_masks_prompts():
+    runs = {("a", s): {"wrong": [s, 1, 0]} for s in (0, 1, 2)}
+    grid = stats.per_seed(runs, ("a",), "wrong", [2, 0])
+    assert grid.tolist() == [[2.0, 1.0, 0.0], [0.0, 1.0, 0.0]]
+    assert stats.per_seed(runs, ("a",), "wrong", [0, 1], mask=[True, False, True]).shape == (2, 2)
+    with pytest.raises(KeyError, match="seeds \\[5\\]"):
+        stats.per_seed(runs, ("a",), "wrong", [0, 5])
