@@ -62,13 +62,22 @@ class LocalKernelManager(AsyncKernelManager):
         return os.path.join(tempfile.mkdtemp(prefix="halluc-kernel-"), "kernel")
 
 
-def run(stem: str, out: Path, scale: str, seed: int, at_once: int = 1, notebooks: Path = NOTEBOOKS) -> float:
+def declares(stem: str, name: str, notebooks: Path = NOTEBOOKS) -> bool:
+    """Whether a chapter's parameters cell (its first code cell) sets ``name``."""
+    nb = nbformat.read(notebooks / f"{stem}.ipynb", as_version=4)
+    first = next(c for c in nb.cells if c.cell_type == "code")
+    return any(line.split("=")[0].strip() == name for line in first.source.splitlines() if "=" in line)
+
+
+def run(stem: str, out: Path, scale: str, seed: int, at_once: int = 1, notebooks: Path = NOTEBOOKS,
+        seeds: list[int] | None = None) -> float:
     """Execute ``notebooks/<stem>.ipynb`` into ``out`` and record its run in the notebook's metadata (``at_once``:
-    how many chapters ran at the same time, so that its time is read as what it is)."""
+    how many chapters ran at the same time, so that its time is read as what it is; ``seeds``: the training seeds
+    of the chapter's compared models, e.g. a second seed set for replication, else the chapter's default)."""
     target = out / f"{stem}.ipynb"
     start = time.perf_counter()
-    papermill.execute_notebook(str(notebooks / f"{stem}.ipynb"), str(target),
-                               parameters={"scale": scale, "seed": seed},
+    parameters = {"scale": scale, "seed": seed} | ({"seeds": list(seeds)} if seeds is not None else {})
+    papermill.execute_notebook(str(notebooks / f"{stem}.ipynb"), str(target), parameters=parameters,
                                cwd=str(notebooks), progress_bar=False,
                                kernel_manager_class=LocalKernelManager)
     seconds = time.perf_counter() - start
@@ -78,7 +87,7 @@ def run(stem: str, out: Path, scale: str, seed: int, at_once: int = 1, notebooks
     # keeps scale="auto", so that a reader's (or nbval's) re-run picks the scale for its device.
     nb.cells = [c for c in nb.cells if "injected-parameters" not in c.metadata.get("tags", [])]
     nb.metadata["halluc_lab"] = {key: glued[f"run_{key}"] for key in RUN_KEYS}
-    nb.metadata["halluc_lab"].update(parameters={"scale": scale, "seed": seed}, seconds=round(seconds, 1))
+    nb.metadata["halluc_lab"].update(parameters=parameters, seconds=round(seconds, 1))
     if at_once > 1:
         nb.metadata["halluc_lab"]["chapters_at_once"] = at_once
     nb.metadata.pop("papermill", None)  # papermill's own record names the temporary paths
@@ -116,12 +125,13 @@ def gpu_order(i: int, gpus: list[str]) -> str | None:
     return ",".join(gpus[k:] + gpus[:k])
 
 
-def _run_chapter(stem: str, out: Path, scale: str, seed: int, at_once: int, gpus: str | None, notebooks: Path):
+def _run_chapter(stem: str, out: Path, scale: str, seed: int, at_once: int, gpus: str | None, notebooks: Path,
+                 seeds: list[int] | None = None):
     """One chapter in a worker process, on the GPUs ``gpus``: (seconds, None) or (None, the error)."""
     if gpus is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = gpus  # the kernel papermill starts inherits it
     try:
-        return run(stem, out, scale, seed, at_once, notebooks), None
+        return run(stem, out, scale, seed, at_once, notebooks, seeds), None
     except papermill.PapermillExecutionError as err:
         return None, f"cell {err.exec_count}: {err.ename}: {err.evalue}"
     except KeyError as err:  # run() found no footer value
@@ -131,7 +141,7 @@ def _run_chapter(stem: str, out: Path, scale: str, seed: int, at_once: int, gpus
 
 
 def run_all(stems: list[str], out: Path, scale: str, seed: int, jobs: int,
-            notebooks: Path = NOTEBOOKS) -> tuple[dict[str, float], list[str]]:
+            notebooks: Path = NOTEBOOKS, seeds: list[int] | None = None) -> tuple[dict[str, float], list[str]]:
     """Run the chapters, ``jobs`` at a time; the times of those that ran, the stems of those that failed."""
     times, failed = {}, []
 
@@ -147,7 +157,7 @@ def run_all(stems: list[str], out: Path, scale: str, seed: int, jobs: int,
     if jobs == 1:
         for stem in stems:
             print(f"running {stem} at scale={scale} ...", flush=True)
-            record(stem, *_run_chapter(stem, out, scale, seed, 1, None, notebooks))
+            record(stem, *_run_chapter(stem, out, scale, seed, 1, None, notebooks, seeds))
         return times, failed
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -158,7 +168,7 @@ def run_all(stems: list[str], out: Path, scale: str, seed: int, jobs: int,
           + (f", on {len(gpus)} GPU{'s' * (len(gpus) > 1)}" if gpus else ""), flush=True)
     # spawn: a fresh interpreter per worker, each setting its own CUDA_VISIBLE_DEVICES before a chapter starts
     with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = {pool.submit(_run_chapter, stem, out, scale, seed, jobs, gpu_order(i, gpus), notebooks): stem
+        futures = {pool.submit(_run_chapter, stem, out, scale, seed, jobs, gpu_order(i, gpus), notebooks, seeds): stem
                    for i, stem in enumerate(order)}
         for future in as_completed(futures):
             try:
@@ -248,6 +258,9 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=1, help="chapters at once, each in its own process (default 1)")
     parser.add_argument("--adopt", type=Path, metavar="RUNS", help="copy full-scale runs over notebooks/")
     parser.add_argument("--yes", action="store_true", help="run at --scale full on a CPU (hours)")
+    parser.add_argument("--seeds", type=int, nargs="+", metavar="S",
+                        help="training seeds of the compared models (chapters 8-12), e.g. a second seed set "
+                             "for replication: --seeds 8 9 10 11 12 13 14 15")
     args = parser.parse_args()
 
     stems = toc_notebooks(ROOT)
@@ -259,6 +272,12 @@ def main() -> None:
     if unknown:
         raise SystemExit(f"not in _toc.yml: {sorted(unknown)}; chapters are {stems}")
     stems = [s for s in stems if not args.only or s in args.only]
+    if args.seeds is not None:
+        if min(args.seeds) < 0 or len(set(args.seeds)) != len(args.seeds):
+            raise SystemExit(f"--seeds must be distinct and >= 0, got {args.seeds}")
+        lacking = [s for s in stems if not declares(s, "seeds")]
+        if lacking:
+            raise SystemExit(f"--seeds: these chapters have no `seeds` parameter: {lacking} (use --only)")
     if args.jobs < 1:
         raise SystemExit(f"--jobs must be at least 1, got {args.jobs}")
     if args.adopt:
@@ -276,7 +295,7 @@ def main() -> None:
         raise SystemExit("--out must not be notebooks/: runs never overwrite committed notebooks")
     args.out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    times, failed = run_all(stems, args.out, args.scale, args.seed, min(args.jobs, len(stems)))
+    times, failed = run_all(stems, args.out, args.scale, args.seed, min(args.jobs, len(stems)), seeds=args.seeds)
     book = time.perf_counter() - start
     print(f"{len(times)} chapter{'s' * (len(times) != 1)} in {book:.1f} s", flush=True)
     (args.out / "times.json").write_text(json.dumps({**times, "book": round(book, 1)}, indent=1))

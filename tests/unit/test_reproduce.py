@@ -154,3 +154,29 @@ def test_adopt_reads_the_runs_own_record_never_the_metadata_it_kept(tmp_path):
     adopted = nbformat.read(notebooks / "ch.ipynb", as_version=4)
     assert adopted.metadata["halluc_lab"] == reproduce.own_record(adopted)
     assert adopted.metadata["halluc_lab"]["device"] == "cpu"
+
+
+def test_a_second_seed_set_reaches_a_chapter_that_takes_one(tmp_path):
+    notebooks = fixture_chapters(tmp_path / "nb", {"ch": 1.0, "plain": 1.0})
+    nb = nbformat.read(notebooks / "ch.ipynb", as_version=4)
+    nb.cells[0].source += "\nseeds = None"
+    nb.cells.append(nbformat.v4.new_code_cell('glue("seeds_seen", seeds, display=False)'))
+    nbformat.write(nb, notebooks / "ch.ipynb")
+    assert reproduce.declares("ch", "seeds", notebooks)
+    assert not reproduce.declares("plain", "seeds", notebooks)
+    out = tmp_path / "runs"
+    out.mkdir()
+    reproduce.run("ch", out, "smoke", 0, notebooks=notebooks, seeds=[8, 9])
+    ran = nbformat.read(out / "ch.ipynb", as_version=4)
+    assert read_glue(ran)["seeds_seen"] == [8, 9]
+    assert ran.metadata["halluc_lab"]["parameters"] == {"scale": "smoke", "seed": 0, "seeds": [8, 9]}
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--only", "01_autoregressive", "--seeds", "8"], "no `seeds` parameter: ['01_autoregressive']"),
+    (["--only", "08_sft", "--seeds", "8", "8"], "distinct"),
+])
+def test_seeds_are_refused_where_a_chapter_cannot_take_them(monkeypatch, argv, message):
+    monkeypatch.setattr(sys, "argv", ["reproduce.py", "--scale", "smoke", *argv])
+    with pytest.raises(SystemExit, match=message.replace("[", r"\[").replace("]", r"\]")):
+        reproduce.main()

@@ -1,0 +1,97 @@
+"""Replication: does a pre-registered verdict hold in a second full run?
+
+Same seed, same code, same GPU model gives the same bits: that is engineering reproducibility
+(ARCHITECTURE.md §3). Replication asks for the same *conclusion* from a fresh draw of the training
+noise: a run on another GPU model (an H100 against an H200 sum their floats in other orders and
+train other models from one recipe) or, where only one model can be had, another set of seeds
+(e.g. 0–7 and 8–15). The book calls a verdict *stable* only where both runs resolve it the same
+way.
+
+A chapter glues its pre-registered contrasts as :func:`records` (``preregistered_contrasts``);
+:func:`compare` sets two runs' records side by side, and :func:`table` writes the replication
+page's rows (``scripts/replication.py``). Each run keeps its own interval: two runs are never
+pooled into one here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from halluc_lab.evaluation.stats import Interval
+
+GLUE_NAME = "preregistered_contrasts"  # what a chapter glues its records under
+STABLE, BOTH_UNRESOLVED, DIFFERS = "stable", "not resolved in either run", "differs"
+WORDS = {1: "higher", -1: "lower", 0: "not resolved"}
+
+
+def records(contrasts: Mapping[str, Interval], predicted: Mapping[str, str]) -> dict[str, dict]:
+    """A chapter's pre-registered contrasts as JSON-able records for the glue: label -> estimate,
+    interval, method, seeds, per-seed values, the verdict's side (+1 higher, −1 lower, 0 not
+    resolved) and the direction predicted before the run ("higher", "lower", "not resolved")."""
+    missing = set(contrasts) ^ set(predicted)
+    if missing:
+        raise ValueError(f"every contrast needs a prediction and the reverse; unmatched: "
+                         f"{sorted(missing)}")
+    bad = {k: v for k, v in predicted.items() if v not in WORDS.values()}
+    if bad:
+        raise ValueError(f"predictions must be one of {sorted(WORDS.values())}, got {bad}")
+    return {label: {"estimate": iv.estimate, "low": iv.low, "high": iv.high, "method": iv.method,
+                    "seeds": iv.seeds, "per_seed": list(iv.per_seed or ()), "side": iv.side,
+                    "predicted": predicted[label]}
+            for label, iv in contrasts.items()}
+
+
+@dataclass(frozen=True)
+class Replicated:
+    """One pre-registered contrast in two runs."""
+
+    label: str
+    first: dict  # the record of the run whose outputs the chapter commits
+    second: dict  # the other run's record
+
+    @property
+    def status(self) -> str:
+        """:data:`STABLE` (both runs resolve it, the same way), :data:`BOTH_UNRESOLVED` or
+        :data:`DIFFERS`."""
+        a, b = self.first["side"], self.second["side"]
+        if a == b:
+            return STABLE if a else BOTH_UNRESOLVED
+        return DIFFERS
+
+    @property
+    def as_predicted(self) -> bool:
+        """Whether the stable verdict is the one predicted before the runs."""
+        return self.status == STABLE and WORDS[self.first["side"]] == self.first["predicted"]
+
+
+def compare(first: Mapping[str, dict], second: Mapping[str, dict]) -> list[Replicated]:
+    """The contrasts of two runs of one chapter, in the first run's order. Both runs must have
+    pre-registered the same contrasts with the same predictions (one code state)."""
+    if set(first) != set(second):
+        unmatched = sorted(set(first) ^ set(second))
+        raise ValueError(f"the runs pre-registered different contrasts: {unmatched}")
+    if list(first) != list(second):
+        raise ValueError("the runs list their contrasts in another order: not one code state")
+    moved = [k for k in first if first[k]["predicted"] != second[k]["predicted"]]
+    if moved:
+        raise ValueError(f"the runs predicted differently for {moved}: not one code state")
+    return [Replicated(k, first[k], second[k]) for k in first]
+
+
+def _cell(record: dict) -> str:
+    seeds = f"; {record['method']}, {record['seeds']} seeds" if record.get("seeds") else ""
+    return (f"{WORDS[record['side']]} ({record['estimate']:+.3f} "
+            f"[{record['low']:+.3f}, {record['high']:+.3f}]{seeds})")
+
+
+def table(rows: list[Replicated], first: str, second: str) -> str:
+    """A Markdown table: contrast, prediction, each run's verdict with its interval, and whether
+    it is stable (``first``/``second``: the runs' names, e.g. "H200, seeds 0–7")."""
+    lines = [f"| contrast | predicted | {first} | {second} | replicated |", "|---|---|---|---|---|"]
+    for r in rows:
+        mark = r.status + (", as predicted" if r.as_predicted else
+                           ", against the prediction" if r.status == STABLE else "")
+        lines.append(f"| {r.label} | {r.first['predicted']} | {_cell(r.first)} | "
+                     f"{_cell(r.second)} | {mark} |")
+    return "\n".join(lines)

@@ -1,0 +1,92 @@
+"""Write book/results/replication.md from two full-scale runs of chapters 8-12 in one code state.
+
+Each chapter glues its pre-registered contrasts (``preregistered_contrasts``,
+:func:`halluc_lab.book.replication.records`). Give the two folders of executed notebooks that
+``scripts/reproduce.py --scale full --out DIR`` wrote, the first being the run whose outputs are
+committed, and this sets every pre-registered verdict of the two runs side by side:
+
+    python scripts/replication.py _build/runs/h200 _build/runs/h100            # two GPU models
+    python scripts/replication.py _build/runs/seeds0 _build/runs/seeds8           # two seed sets
+
+A verdict is stable where both runs resolve it the same way; the page says which cards and which
+seeds each run used, as the runs recorded them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import nbformat
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from halluc_lab.book.notebook import read_glue  # noqa: E402
+from halluc_lab.book.replication import (DIFFERS, GLUE_NAME, STABLE, compare,  # noqa: E402
+                                         table)
+
+CHAPTERS = ("08_sft", "09_preference", "10_rlvr_backtracking", "11_hallucination_rag",
+            "12_extensions")
+
+
+def describe(folder: Path, stems) -> str:
+    """The run's device(s) and seeds, as its notebooks recorded them."""
+    devices, seeds = set(), set()
+    for stem in stems:
+        meta = nbformat.read(folder / f"{stem}.ipynb", as_version=4).metadata.get("halluc_lab", {})
+        devices.add(str(meta.get("device", "?")))
+        chosen = meta.get("parameters", {}).get("seeds")
+        seeds.add("the chapters' default seeds" if chosen is None else
+                  "seeds " + ", ".join(map(str, chosen)))
+    return f"{' / '.join(sorted(devices))}; {' / '.join(sorted(seeds))}"
+
+
+def page(first: Path, second: Path, stems=CHAPTERS) -> str:
+    """The replication page's Markdown."""
+    missing = [f"{d}/{s}.ipynb" for d in (first, second) for s in stems
+               if not (d / f"{s}.ipynb").exists()]
+    if missing:
+        raise SystemExit(f"missing runs: {missing}")
+    a_name, b_name = describe(first, stems), describe(second, stems)
+    parts, counts = [], {STABLE: 0, DIFFERS: 0, "all": 0}
+    for stem in stems:
+        glued = [read_glue(nbformat.read(d / f"{stem}.ipynb", as_version=4))
+                 for d in (first, second)]
+        absent = [str(d) for d, g in zip((first, second), glued) if GLUE_NAME not in g]
+        if absent:
+            raise SystemExit(f"{stem}: no glued {GLUE_NAME} in the runs in {absent}")
+        rows = compare(glued[0][GLUE_NAME], glued[1][GLUE_NAME])
+        counts["all"] += len(rows)
+        for r in rows:
+            counts[r.status] = counts.get(r.status, 0) + 1
+        parts += [f"## {stem}", "", table(rows, "first run", "second run"), ""]
+    head = [
+        "# Replication: the pre-registered verdicts of chapters 8–12 in two full runs", "",
+        "Same seed, same code and the same GPU model give the same bits: that is reproducibility. "
+        "The same conclusion from a fresh draw of the training noise — another GPU model, or "
+        "another set of seeds — is replication, and the book calls a verdict *stable* only where "
+        "both runs resolve it the same way. Each run keeps its own interval (a t-interval over the "
+        "per-seed means of the paired differences); nothing here pools the two runs.", "",
+        f"- **first run** (the committed outputs): {a_name}",
+        f"- **second run**: {b_name}", "",
+        f"Of {counts['all']} pre-registered verdicts, {counts[STABLE]} are stable and "
+        f"{counts[DIFFERS]} differ between the runs; the rest are not resolved in either run.", "",
+    ]
+    return "\n".join(head + parts)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("first", type=Path, help="the run whose outputs are committed")
+    parser.add_argument("second", type=Path, help="the other run")
+    parser.add_argument("--out", type=Path, default=ROOT / "book" / "results" / "replication.md")
+    args = parser.parse_args()
+    args.out.write_text(page(args.first, args.second))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,76 @@
+"""Replication: two runs' records of a chapter's pre-registered contrasts, set side by side; a
+verdict is stable only where both runs resolve it the same way; the page script reads glued runs."""
+
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from halluc_lab.book import replication
+from halluc_lab.evaluation.stats import Interval
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import replication as page_script  # noqa: E402
+
+UP, DOWN, FLAT = (Interval(0.1, 0.02, 0.18, method="t", seeds=8, per_seed=(0.1,) * 8),
+                  Interval(-0.1, -0.2, -0.01, method="t", seeds=8, per_seed=(-0.1,) * 8),
+                  Interval(0.01, -0.05, 0.07, method="t", seeds=8, per_seed=(0.01,) * 8))
+PREDICTED = {"a": "higher", "b": "lower", "c": "not resolved"}
+
+
+def test_a_verdict_is_stable_only_where_both_runs_resolve_it_the_same_way():
+    first = replication.records({"a": UP, "b": DOWN, "c": FLAT}, PREDICTED)
+    second = replication.records({"a": UP, "b": FLAT, "c": FLAT}, PREDICTED)
+    rows = replication.compare(first, second)
+    assert [r.status for r in rows] == [replication.STABLE, replication.DIFFERS,
+                                        replication.BOTH_UNRESOLVED]
+    assert [r.as_predicted for r in rows] == [True, False, False]
+    flipped = replication.compare(replication.records({"a": UP}, {"a": "higher"}),
+                                  replication.records({"a": DOWN}, {"a": "higher"}))
+    assert flipped[0].status == replication.DIFFERS
+    against = replication.compare(*[replication.records({"a": DOWN}, {"a": "higher"})] * 2)
+    assert against[0].status == replication.STABLE and not against[0].as_predicted
+    text = replication.table(rows, "H200", "H100")
+    assert "| a | higher | higher (+0.100 [+0.020, +0.180]; t, 8 seeds) |" in text
+    assert "stable, as predicted" in text and "| differs |" in text
+
+
+def test_records_and_runs_that_do_not_match_are_refused():
+    with pytest.raises(ValueError, match="unmatched"):
+        replication.records({"a": UP}, {"b": "higher"})
+    with pytest.raises(ValueError, match="must be one of"):
+        replication.records({"a": UP}, {"a": "up"})
+    one = replication.records({"a": UP, "b": DOWN}, {"a": "higher", "b": "lower"})
+    with pytest.raises(ValueError, match="different contrasts"):
+        replication.compare(one, replication.records({"a": UP}, {"a": "higher"}))
+    with pytest.raises(ValueError, match="predicted differently"):
+        other = replication.records({"a": UP, "b": DOWN}, {"a": "lower", "b": "lower"})
+        replication.compare(one, other)
+
+
+def _run(folder: Path, stem: str, contrasts: dict, device: str, seeds):
+    """A notebook as reproduce.py leaves it: the records glued, the run in the metadata."""
+    folder.mkdir(exist_ok=True)
+    record = replication.records(contrasts, {k: PREDICTED[k] for k in contrasts})
+    nb = nbformat.v4.new_notebook()
+    cell = nbformat.v4.new_code_cell("", execution_count=1)
+    cell.outputs = [nbformat.v4.new_output(
+        "display_data", data={"text/plain": repr(record)},
+        metadata={"scrapbook": {"name": replication.GLUE_NAME, "mime_prefix": ""}})]
+    nb.cells = [cell]
+    nb.metadata["halluc_lab"] = {"device": device, "parameters": {"scale": "full", "seed": 0,
+                                                                 "seeds": seeds}}
+    nbformat.write(nb, folder / f"{stem}.ipynb")
+
+
+def test_the_page_sets_two_glued_runs_side_by_side_and_counts_from_the_numbers(tmp_path):
+    _run(tmp_path / "a", "08_sft", {"a": UP, "b": DOWN}, "cuda (NVIDIA H200)", list(range(8)))
+    _run(tmp_path / "b", "08_sft", {"a": UP, "b": FLAT}, "cuda (NVIDIA H200)", list(range(8, 16)))
+    text = page_script.page(tmp_path / "a", tmp_path / "b", stems=("08_sft",))
+    assert "seeds 0, 1, 2, 3, 4, 5, 6, 7" in text and "seeds 8, 9" in text
+    assert "Of 2 pre-registered verdicts, 1 are stable and 1 differ" in text
+    with pytest.raises(SystemExit, match="missing runs"):
+        page_script.page(tmp_path / "a", tmp_path / "b", stems=("09_preference",))
