@@ -279,20 +279,23 @@ def test_configs_of_different_types_with_equal_fields_have_different_keys():
 
 def test_code_modules_are_what_the_recipe_imports_and_nothing_else():
     used = recipes.code_modules(recipes.get("kb_walk-sft-clean", "smoke"))
-    for m in ("losses", "data", "model", "attention", "positional", "tokenizer", "sft", "pretraining", "train",
-              "recipe", "tasks.kb_walk", "tasks.base"):
+    for m in ("training.losses", "training.data", "model.transformer", "model.attention", "model.positional",
+              "model.tokenizer", "stages.sft", "stages.pretraining", "training.train", "training.recipe",
+              "tasks.kb_walk", "tasks.base"):
         assert f"halluc_lab.{m}" in used
     # A stage lives beside its training, and a recipe imports its own task's module: SFT's key covers no
     # post-training code and no other task. The registry's tables enter the key as the recipe's config.
-    for m in ("preference", "rlhf", "rlvr", "rlvr_rounds", "engine", "evaluate", "tasks.arithmetic", "tasks",
-              "interactive", "claims", "notebook", "ngram", "rnn", "stats", "recipes", "recipe_cache",
-              "code_trees", "progress", "hf_convert"):
+    for m in ("stages.preference", "stages.rlhf", "stages.rlvr", "stages.rlvr_rounds", "generation.engine",
+              "evaluation.evaluate", "tasks.arithmetic", "tasks", "book.interactive", "book.claims",
+              "book.notebook", "foundations.ngram", "foundations.rnn", "evaluation.stats", "recipes",
+              "recipes.cache", "recipes.code_trees", "progress", "model.hf_convert"):
         assert f"halluc_lab.{m}" not in used
-    assert "halluc_lab" not in used  # "from halluc_lab import x" uses x, not the package's __init__
+    # "from halluc_lab.pkg import x" uses x, not the package's __init__ (nor the library's)
+    assert not {"halluc_lab", "halluc_lab.training", "halluc_lab.model", "halluc_lab.stages"} & set(used)
 
 
 def test_imports_inside_functions_count_and_from_package_import_module_names_the_module():
-    source = ("from halluc_lab import engine\nimport torch\n"
+    source = ("from halluc_lab.generation import engine\nimport torch\n"
               "def f():\n    import halluc_lab.book.claims\n    from halluc_lab.tasks import make_task\n")
     _, found = code_trees.parse("halluc_lab.training.losses", source)
     assert found == {"halluc_lab.generation.engine", "halluc_lab.book.claims", "halluc_lab.tasks"}
