@@ -261,25 +261,52 @@ class RSFT(_FromOwnSamples):
         return rsft_rows(groups, picks, recipe.seq_len, min_reward=self.min_reward), NextTokenLoss()
 
 
+def own_error_sequences(tok, examples, completions, *, take_back: bool = True,
+                        direct: bool = False) -> list:
+    """Chapter 10's own-errors SFT data: each sampled answer (``completions[i]``: the answers to
+    ``examples[i]``) as :func:`~halluc_lab.stages.sft.own_error_demonstration` makes it.
+
+    In a take-back the gold token at the first error is a target only after the wrong token and
+    ``<bksp>``, a state greedy decoding rarely reaches, while the control (``take_back=False``)
+    makes it a direct target. ``direct=True`` adds, after each take-back, the clean example of the
+    same answer, so the gold token is also a direct target, as in the control: the take-back arm
+    then differs from the control by the take-backs alone, not by where the labels sit.
+    """
+    if direct and not take_back:
+        raise ValueError("direct=True adds clean examples beside take-backs; take_back must be True")
+    seqs = []
+    for ex, answers in zip(examples, completions, strict=True):
+        for completion in answers:
+            demo = own_error_demonstration(tok, ex, completion, take_back=take_back)
+            seqs.append(demo)
+            if direct and tok.bksp_id in demo.ids:
+                seqs.append(own_error_demonstration(tok, ex, completion, take_back=False))
+    return seqs
+
+
 @dataclass(frozen=True)
 class OwnErrorsSFT(_FromOwnSamples):
-    """Backspace SFT on the starting model's own errors (chapter 10, DAgger-style): ``samples`` answers per prompt
-    at τ = 1, each turned by :func:`~halluc_lab.stages.sft.own_error_demonstration` into its prefix up to its first wrong
+    """Backspace SFT on the starting model's own errors (chapter 10, DAgger-style): ``samples`` answers per
+    prompt at τ = 1, each turned by :func:`own_error_sequences` into its prefix up to its first wrong
     symbol, ``<bksp>`` and the gold answer from there (a right answer: the clean example), packed in
     ``recipe.seq_len`` rows; the loss is the stage default, next-token cross-entropy on the targets."""
 
     n_prompts: int  # prompts drawn by preference_examples (with the recipe's seed)
     samples: int = 2  # answers sampled per prompt
     take_back: bool = True  # False: the gold answers alone, no <bksp> (the control for what the correction tells)
+    direct: bool = False  # True: each take-back also as its clean example (the gold token a direct target too)
 
     def __post_init__(self):
         check_count("n_prompts", self.n_prompts, 1)
         check_count("samples", self.samples, 1)
-        if not isinstance(self.take_back, bool):
-            raise TypeError(f"take_back must be a bool, got {self.take_back!r}")
+        for name in ("take_back", "direct"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        if self.direct and not self.take_back:
+            raise ValueError("direct=True adds clean examples beside take-backs; take_back must be True")
 
     def build(self, model, tok, task, examples, recipe) -> tuple[Batch, Loss]:
         groups = sample_groups(model, tok, task, examples, self.samples, seed=recipe.seed)
-        seqs = [own_error_demonstration(tok, ex, completion, take_back=self.take_back)
-                for ex, answers in zip(examples, groups.completions) for completion in answers]
+        seqs = own_error_sequences(tok, examples, groups.completions, take_back=self.take_back,
+                                   direct=self.direct)
         return pack(seqs, recipe.seq_len, tok.pad_id), NextTokenLoss()

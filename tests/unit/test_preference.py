@@ -346,3 +346,33 @@ def test_a_dpo_stage_trains_on_cuda_with_its_step_captured_and_twice_gives_the_s
     again = recipes.load_recipe(dataclasses.replace(r, name=r.name + "-again"), cuda, torch.bfloat16)
     assert recipes.directory(again.recipe, torch.bfloat16) != first_dir and again.trained_now
     assert same_weights(again.model, first.model)  # deterministic kernels, a captured step: bit-identical
+
+
+def test_own_error_sequences_direct_adds_the_clean_example_beside_each_take_back():
+    from halluc_lab.stages.preference import OwnErrorsSFT, own_error_sequences
+    from halluc_lab.tasks import Arithmetic
+    from halluc_lab.tasks.base import Example
+
+    task = Arithmetic()
+    tok = task.tokenizer()
+    ex = Example("1 + 1 =", "2 3")
+    answers = [[tok.encode("2 4 <eos>"), tok.encode("2 3 <eos>")]]  # one wrong, one right
+    plain = own_error_sequences(tok, [ex], answers)
+    direct = own_error_sequences(tok, [ex], answers, direct=True)
+    control = own_error_sequences(tok, [ex], answers, take_back=False)
+    decode = [tok.decode(s.ids) for s in direct]
+    assert decode == ["<bos> 1 + 1 = 2 4 <bksp> 3 <eos>", "<bos> 1 + 1 = 2 3 <eos>",
+                      "<bos> 1 + 1 = 2 3 <eos>"]
+    assert len(plain) == 2 and len(control) == 2
+    # the gold "3" after "2" is a direct target in the control and (only) with direct=True
+    three = tok.encode("3")[0]
+    def direct_target(seqs):
+        return any(s.labels[i] == three and s.ids[i - 1] == tok.encode("2")[0]
+                   for s in seqs for i in range(1, len(s.ids)))
+    assert direct_target(control) and direct_target(direct) and not direct_target(plain[:1])
+    with pytest.raises(ValueError, match="take_back must be True"):
+        own_error_sequences(tok, [ex], answers, take_back=False, direct=True)
+    with pytest.raises(ValueError, match="take_back must be True"):
+        OwnErrorsSFT(4, take_back=False, direct=True)
+    with pytest.raises(TypeError, match="direct must be a bool"):
+        OwnErrorsSFT(4, direct=1)
