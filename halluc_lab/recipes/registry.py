@@ -146,6 +146,14 @@ STAGE_PLANS = {
                                                     lam=RLVR_LAMBDA),
                                   lr={"smoke": 3e-4, "full": 2e-5}, warmup_divisor=10, seed=3,
                                   parent="sft-corrections"),
+    # The own-errors arm with each take-back also as its clean example (OwnErrorsSFT.direct): the gold token
+    # is a direct target as in the control, so against sft-corrections it differs by the take-backs alone.
+    "sft-own-errors-direct": StagePlan(
+        lambda plan: OwnErrorsSFT(plan.preference_prompts, samples=2, direct=True),
+        lr={"smoke": 1e-3, "full": 3e-4}, warmup_divisor=10, seed=3, parent="sft-clean"),
+    "rlvr-own-direct": StagePlan(lambda plan: RLVR(plan.preference_prompts, plan.rlvr, lam=RLVR_LAMBDA),
+                                 lr={"smoke": 3e-4, "full": 2e-5}, warmup_divisor=10, seed=3,
+                                 parent="sft-own-errors-direct"),
 }
 # Chapter 10: chapter 9's RSFT and DPO from the two backspace starting points (random errors, the model's own
 # errors), with the same samples, steps and rates. Their samples may hold <bksp>, which stays in the context (as
@@ -162,10 +170,12 @@ _SFT_STAGES = ("sft-clean", "sft-backspace", "sft-scheduled")
 # whose 8 samples do not all tie) and RSFT's kept samples, packed (about ten to a row).
 _PREFERENCE_STEPS = {"smoke": {"dpo": 40, "rsft": 9, "rsft-soft": 9, "ppo": 8, "rlvr": 16, "rlvr-bksp": 16,
                                "rlvr-bksp-masked": 16,
-                               "sft-own-errors": 24, "rlvr-own": 16, "sft-corrections": 24, "rlvr-corrections": 16},
+                               "sft-own-errors": 24, "rlvr-own": 16, "sft-corrections": 24, "rlvr-corrections": 16,
+                               "sft-own-errors-direct": 24, "rlvr-own-direct": 16},
                      "full": {"dpo": 60, "rsft": 8, "rsft-soft": 8, "ppo": 48, "rlvr": 100, "rlvr-bksp": 100,
                               "rlvr-bksp-masked": 100,
-                              "sft-own-errors": 40, "rlvr-own": 100, "sft-corrections": 40, "rlvr-corrections": 100}}
+                              "sft-own-errors": 40, "rlvr-own": 100, "sft-corrections": 40, "rlvr-corrections": 100,
+                              "sft-own-errors-direct": 40, "rlvr-own-direct": 100}}
 for _steps in _PREFERENCE_STEPS.values():  # chapter 10's RSFT and DPO (_SUFFIX_PARENTS): chapter 9's steps
     _steps |= {f"{method}-{suffix}": _steps[method] for method in ("rsft", "dpo") for suffix, _ in _SUFFIX_PARENTS}
 # PPO's rounds: 64 prompts × 8 rollouts at full scale, 2 epochs of 2 minibatches each (rounds: the steps above).

@@ -76,9 +76,10 @@ def test_every_name_exists_at_smoke_scale_and_sft_starts_from_its_pretraining():
             task, stage = name.split("-", 1)
             parent = (f"{task}-sft-clean" if name in ("path_star-sft-backspace", "path_star-sft-continued")
                       or stage in ("dpo", "rsft", "rsft-soft", "ppo", "rlhf", "rlhf-agreeable", "rlvr", "sft-own-errors",
-                                   "sft-corrections")
+                                   "sft-corrections", "sft-own-errors-direct")
                       else f"{task}-sft-backspace" if stage in ("rlvr-bksp", "rlvr-bksp-masked", "rsft-bksp", "dpo-bksp")
                       else f"{task}-sft-own-errors" if stage in ("rlvr-own", "rsft-own", "dpo-own")
+                      else f"{task}-sft-own-errors-direct" if stage == "rlvr-own-direct"
                       else f"{task}-sft-corrections"
                       if stage in ("rlvr-corrections", "rsft-corrections", "dpo-corrections")
                       else f"{task}-pretrain")
