@@ -12,17 +12,15 @@ from safetensors.torch import load_file, save_file
 
 import halluc_lab.model
 from halluc_lab.hf_convert import INDEX_NAME, WEIGHTS_NAME, load_pretrained, save_pretrained
-from halluc_lab.model import ModelConfig, Transformer
+from halluc_lab.model import Transformer
 from halluc_lab.positional import RopeScaling
+from tests.unit._tiny_lm import small_config
 
 V = 97
 
 
 def tiny(seed=0, **kw) -> Transformer:
-    args = dict(vocab_size=V, hidden_size=32, n_layers=2, n_heads=4, n_kv_heads=2, max_positions=64,
-                tie_embeddings=False, init_std=0.1)
-    args.update(kw)
-    return Transformer(ModelConfig(**args), seed=seed)
+    return Transformer(small_config(V, **{"tie_embeddings": False, **kw}), seed=seed)
 
 
 def ids(B=3, T=12, seed=0):

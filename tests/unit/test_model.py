@@ -2,25 +2,23 @@
 
 import dataclasses
 import math
+from functools import partial
 
 import pytest
 import torch
 
 from halluc_lab.hf_convert import config_from_hf, from_hf, to_hf, to_hf_config
 from halluc_lab.kv_cache import KVCache
-from halluc_lab.model import ModelConfig, RMSNorm, Transformer, rms_norm_reference, segment_positions
+from halluc_lab.model import RMSNorm, Transformer, rms_norm_reference, segment_positions
 from halluc_lab.positional import RopeScaling
+from tests.unit._tiny_lm import small_config
 
 V = 97
 SCALINGS = {"plain": None, "linear": RopeScaling("linear", 2.0),
             "yarn": RopeScaling("yarn", 4.0, original_max_positions=32)}
 
 
-def tiny(n_kv_heads=2, **kw) -> ModelConfig:
-    args = dict(vocab_size=V, hidden_size=32, n_layers=2, n_heads=4, n_kv_heads=n_kv_heads, max_positions=64,
-                tie_embeddings=False, init_std=0.1)
-    args.update(kw)
-    return ModelConfig(**args)
+tiny = partial(small_config, V, tie_embeddings=False)  # tiny(n_kv_heads=2, **changes) -> ModelConfig
 
 
 def ids(B=3, T=12, seed=0):

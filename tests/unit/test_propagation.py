@@ -5,16 +5,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from halluc_lab.model import ModelConfig, Transformer
+from halluc_lab.model import Transformer
 from halluc_lab.propagation import block_jacobian, deviation, residual_stream, stream_jacobian
+from tests.unit._tiny_lm import small_transformer
 
 V, D, L = 16, 16, 3  # vocabulary, width, blocks
 
 
 def tiny(dtype=torch.float32, **kw) -> Transformer:
-    cfg = ModelConfig(vocab_size=V, hidden_size=D, n_layers=L, n_heads=4, n_kv_heads=2, max_positions=32,
-                      init_std=0.1, **kw)  # init_std 0.1: branches large enough that Jacobians are far from I
-    return Transformer(cfg, seed=0).to(dtype).eval()
+    # init_std 0.1: branches large enough that Jacobians are far from I
+    return small_transformer(V, hidden_size=D, n_layers=L, max_positions=32, **kw).to(dtype)
 
 
 def ids(*shape, seed=0) -> torch.Tensor:
