@@ -59,6 +59,7 @@ def _check_two_processes_agree(device: str, tmp_path: Path) -> None:
     assert first["outs"] == second["outs"], "greedy completions differ between two identical runs"
 
 
+@pytest.mark.slow
 def test_two_processes_train_the_same_bits_on_cpu(tmp_path):
     _check_two_processes_agree("cpu", tmp_path)
 
