@@ -656,7 +656,7 @@ def test_chapter_10s_rsft_and_dpo_are_chapter_9s_from_the_backspace_models_and_t
 
 
 # -- chapter 11: SFT on retrieved context ----------------------------------------------------------------
-@pytest.mark.parametrize("scale", recipes.SCALES)
+@pytest.mark.parametrize("scale", ["smoke", pytest.param("full", marks=pytest.mark.slow)])
 def test_rag_sft_is_kb_walks_clean_sft_with_retrieved_context_at_matched_compute(scale):
     rag, clean = recipes.get("kb_walk-sft-rag", scale), recipes.get("kb_walk-sft-clean", scale)
     assert rag.stage == dataclasses.replace(clean.stage, retrieved=RetrievedContext()) and clean.stage.retrieved is None
