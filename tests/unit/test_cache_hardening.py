@@ -49,7 +49,6 @@ def test_a_halluc_cache_that_is_a_file_names_the_variable_and_the_path(tmp_path,
         recipes.load_recipe(tiny(steps=8), CPU)
 
 
-@pytest.mark.slow
 def test_a_missing_halluc_cache_is_created(tmp_path, monkeypatch):
     monkeypatch.setenv("HALLUC_CACHE", str(tmp_path / "new" / "cache"))
     assert recipes.load_recipe(tiny(steps=8), CPU).trained_now

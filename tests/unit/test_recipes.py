@@ -378,7 +378,6 @@ def test_cache_root_follows_the_environment(monkeypatch, tmp_path):
 
 
 # -- train once, load after ---------------------------------------------------------------------------
-@pytest.mark.slow
 def test_a_recipe_trains_on_first_use_and_loads_afterwards(cache):
     first = recipes.load_recipe(tiny_sft(), CPU)
     assert first.trained_now and os.path.exists(recipes.directory(tiny()))  # the parent was trained and cached too
@@ -402,7 +401,6 @@ def test_the_used_list_names_a_cached_recipes_parents_as_training_it_does(cache,
     assert recipes.used() == trained == [(tiny().name, recipes.key(tiny())), (tiny_sft().name, recipes.key(tiny_sft()))]
 
 
-@pytest.mark.slow
 def test_load_is_quiet_by_default_and_verbose_says_one_line_per_recipe_without_paths(cache, capsys):
     recipes.load_recipe(tiny_sft(), CPU)
     assert capsys.readouterr() == ("", "")
@@ -415,7 +413,6 @@ def test_load_is_quiet_by_default_and_verbose_says_one_line_per_recipe_without_p
     assert again.path.startswith(str(cache)) and not any(str(cache) in line for line in out)
 
 
-@pytest.mark.slow
 def test_an_intact_entry_of_another_recipe_under_the_key_raises(cache):
     done = recipes.load_recipe(tiny(steps=8), CPU)
     with open(os.path.join(done.path, "recipe.json")) as f:
@@ -432,7 +429,6 @@ def test_an_intact_entry_of_another_recipe_under_the_key_raises(cache):
         recipes.load_recipe(tiny(steps=8), CPU)
 
 
-@pytest.mark.slow
 def test_a_stage_defined_outside_the_library_trains_through_the_same_loop_and_cache(cache):
     @dataclasses.dataclass(frozen=True)
     class SmoothedPretraining(recipes.Pretraining):
@@ -513,7 +509,6 @@ def _train_spy(monkeypatch, name, kill_at=None):
     lambda: tiny(steps=20, checkpoint_every=5),
     lambda: tiny_sft("sft-scheduled", train={"checkpoint_every": 5}, scheduled_sampling=0.5),  # prepare seeded by step
 ], ids=["pretraining", "scheduled-sampling-sft"])
-@pytest.mark.slow
 def test_a_killed_run_resumes_from_its_last_checkpoint_and_ends_bit_identical(make, cache, monkeypatch):
     r = make()
     whole = recipes.load_recipe(dataclasses.replace(r, name=r.name + "-uninterrupted"), CPU)
@@ -529,7 +524,6 @@ def test_a_killed_run_resumes_from_its_last_checkpoint_and_ends_bit_identical(ma
     assert same_weights(resumed.model, whole.model) and resumed.history.loss == whole.history.loss
 
 
-@pytest.mark.slow
 def test_a_corrupt_checkpoint_is_reported_and_training_starts_over(cache, monkeypatch):
     r = tiny(steps=20, checkpoint_every=5)
     whole = recipes.load_recipe(dataclasses.replace(r, name="arithmetic-uninterrupted"), CPU)
@@ -544,7 +538,6 @@ def test_a_corrupt_checkpoint_is_reported_and_training_starts_over(cache, monkey
 
 
 # -- Hugging Face --------------------------------------------------------------------------------------
-@pytest.mark.slow
 def test_checkpoint_loads_with_auto_classes_and_hf_generate_matches_the_engine(cache):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

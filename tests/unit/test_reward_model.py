@@ -75,7 +75,6 @@ def test_from_lm_copies_the_trunk_and_adds_a_fresh_scalar_head(tied):
     assert torch.allclose(rm(ids)[:, 3], rm(ids, at=torch.tensor([[3]]))[:, 0])
 
 
-@pytest.mark.slow
 def test_a_reward_model_learns_a_separable_preference():
     prompts, chosen, rejected = separable_pairs(64)
     rows = pair_rows(prompts, chosen, rejected, PAD)

@@ -35,7 +35,6 @@ def run(device, **kw) -> tuple[PPOHistory, torch.nn.Module]:
     return hist, policy
 
 
-@pytest.mark.slow
 def test_a_few_ppo_rounds_raise_the_reward_of_a_trivially_learnable_task():
     hist, _ = run(CPU)
     assert len(hist.reward) == 6
@@ -93,7 +92,6 @@ RLHF_STAGE = PPO(n_prompts=64, config=ROUNDS, reward_model=RewardModelPlan(sampl
 
 @pytest.mark.parametrize("stage", [PPO(n_prompts=64, config=ROUNDS), RLHF_STAGE], ids=["verifier", "rlhf"])
 @pytest.mark.usefixtures("cache")
-@pytest.mark.slow
 def test_a_tiny_ppo_stage_trains_through_the_recipe_cache_and_keeps_its_round_history(stage):
     r = tiny_chain(stage, steps=4)
     assert "halluc_lab.rlhf" in recipes.code_modules(r)  # its code is in the key

@@ -200,7 +200,6 @@ def test_the_t_interval_covers_the_true_difference_at_its_level(seeds):
     assert 0.93 <= np.mean(covered) <= 0.97
 
 
-@pytest.mark.slow
 def test_the_two_level_bootstrap_undercovers_with_three_seeds():
     """Why the bootstrap is only the secondary interval: resampling 3 seeds takes their spread for
     the population's. Measured with this model (400 experiments, 1,000 resamples each), coverage of

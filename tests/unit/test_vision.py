@@ -43,7 +43,6 @@ def test_the_image_reaches_the_text_only_through_the_first_embeddings():
     torch.testing.assert_close(seen["h"][:, L:], model.lm.embed_tokens.weight[ra.input_ids[:, L:]])
 
 
-@pytest.mark.slow
 def test_the_caption_loss_trains_encoder_projection_and_decoder_to_describe_the_image():
     model = vlm()
     images = WORLD.draw(256, random.Random(1))
