@@ -1,4 +1,5 @@
-"""A tiny stand-in language model for testing the training loop without the lab's transformer."""
+"""Tiny models for the unit tests: a stand-in language model for testing the training loop without
+the lab's transformer, and the lab's own decoder at test size (one factory for every test file)."""
 
 import json
 import os
@@ -48,10 +49,22 @@ class TinyLM(nn.Module):
         return model
 
 
-def small_transformer(vocab_size: int, seed: int = 0):
-    """The lab's own decoder at a tiny size (2 layers, width 32), in eval mode."""
-    from halluc_lab.model.transformer import ModelConfig, Transformer
+def small_config(vocab_size: int, n_kv_heads: int = 2, **changes):
+    """The lab's decoder at test size: width 32, 2 blocks, 4 query heads over ``n_kv_heads``
+    key/value heads, 64 positions, init_std 0.1; ``changes``: any field of ``ModelConfig``."""
+    from halluc_lab.model.transformer import ModelConfig
 
-    cfg = ModelConfig(vocab_size=vocab_size, hidden_size=32, n_layers=2, n_heads=4, n_kv_heads=2,
-                      max_positions=64, init_std=0.1)
-    return Transformer(cfg, seed=seed).eval()
+    return ModelConfig(**{"vocab_size": vocab_size, "hidden_size": 32, "n_layers": 2,
+                          "n_heads": 4, "n_kv_heads": n_kv_heads, "max_positions": 64,
+                          "init_std": 0.1, **changes})
+
+
+def small_transformer(vocab_size: int, seed: int = 0, **changes):
+    """:func:`small_config`'s decoder initialised from ``seed``, in eval mode."""
+    from halluc_lab.model.transformer import Transformer
+
+    return Transformer(small_config(vocab_size, **changes), seed=seed).eval()
+
+
+# The decoder the engine's and the backspace controller's tests decode with.
+DECODING = {"max_positions": 128, "tie_embeddings": False, "init_std": 0.15}

@@ -9,7 +9,8 @@ from halluc_lab.generation.backtrack import BacktrackEngine, erase_text, rollout
 from halluc_lab.training.data import IGNORE, pad
 from halluc_lab.generation.engine import SamplingParams
 from halluc_lab.training.losses import token_logprobs
-from halluc_lab.model.transformer import ModelConfig, Transformer
+from halluc_lab.model.transformer import Transformer
+from tests.unit._tiny_lm import DECODING, small_transformer
 
 V, BKSP, EOS = 61, 3, 2
 HOT = SamplingParams(temperature=1.5)
@@ -17,9 +18,7 @@ HOT = SamplingParams(temperature=1.5)
 
 def tiny(n_kv_heads=2, bksp_boost=0.0, seed=0) -> Transformer:
     """A random decoder; ``bksp_boost`` scales up <bksp>'s output row so it is sampled often."""
-    config = ModelConfig(vocab_size=V, hidden_size=32, n_layers=2, n_heads=4, n_kv_heads=n_kv_heads,
-                         max_positions=128, tie_embeddings=False, init_std=0.15)
-    model = Transformer(config, seed=seed).eval()
+    model = small_transformer(V, seed, n_kv_heads=n_kv_heads, **DECODING)
     with torch.no_grad():
         model.lm_head.weight[BKSP] *= 1 + bksp_boost
     return model

@@ -150,6 +150,7 @@ def _damage(path: str, kind: str, where: float) -> None:
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(kind=st.sampled_from(["flip", "truncate", "remove", "nan"]), where=st.floats(0, 1, exclude_max=True))
+@pytest.mark.slow
 def test_any_damage_to_an_entry_is_detected_or_the_load_gives_the_undamaged_weights(
         trained_entry, tmp_path_factory, kind, where):
     root, rel, model = trained_entry  # one trained tiny recipe, to copy and damage

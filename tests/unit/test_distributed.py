@@ -97,6 +97,7 @@ def runs(tmp_path_factory):
     return one, two, killed
 
 
+@pytest.mark.slow
 def test_two_processes_train_as_one_with_the_same_global_batch(runs):
     one, two, _ = runs
     a, b = _json(one / "train.json"), _json(two / "train.json")
@@ -106,6 +107,7 @@ def test_two_processes_train_as_one_with_the_same_global_batch(runs):
     assert _max_diff(load_file(one / "train-.safetensors"), load_file(two / "train-.safetensors")) < 1e-4
 
 
+@pytest.mark.slow
 def test_a_killed_distributed_run_resumes_as_if_never_interrupted(runs):
     _, two, killed = runs
     assert killed.returncode != 0  # rank 0 died in step 6; torchrun stopped the other rank
@@ -116,6 +118,7 @@ def test_a_killed_distributed_run_resumes_as_if_never_interrupted(runs):
 
 
 @pytest.mark.parametrize("loss", ["Listing3", "GRPO", "DrGRPO", "DAPO"])
+@pytest.mark.slow
 def test_distributed_rlvr_gathers_the_groups_and_weighs_each_rank_by_its_share(runs, loss):
     """Same rollouts (each prompt sampled from a generator of its own), so the same round statistics and
     updates: the rewards gathered over the ranks, the group advantages, the token- or sequence-level
@@ -128,6 +131,7 @@ def test_distributed_rlvr_gathers_the_groups_and_weighs_each_rank_by_its_share(r
     assert _max_diff(load_file(one / f"rlvr-{loss}.safetensors"), load_file(two / f"rlvr-{loss}.safetensors")) < 1e-5
 
 
+@pytest.mark.slow
 def test_train_script_trains_a_recipe_on_two_processes_into_the_cache(tmp_path, monkeypatch):
     from halluc_lab import recipes
     from halluc_lab.device import setup

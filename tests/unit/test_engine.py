@@ -1,5 +1,7 @@
 """The generation engine against an uncached reference loop, Hugging Face generate, and bad input."""
 
+from functools import partial
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -10,18 +12,16 @@ from halluc_lab.generation import engine as engine_module
 from halluc_lab.generation.backtrack import rollout
 from halluc_lab.generation.engine import Engine, SamplingParams, engine_for, generate
 from halluc_lab.model.hf_convert import to_hf
-from halluc_lab.model.transformer import ModelConfig, Transformer
+from halluc_lab.model.transformer import Transformer
 from halluc_lab.model.positional import RopeScaling
+from tests.unit._tiny_lm import DECODING, small_transformer
 
 V = 61
 GREEDY = SamplingParams(greedy=True)
 TOP_P = SamplingParams(temperature=0.8, top_p=0.9)
 
 
-def tiny(n_kv_heads=2, rope_scaling=None, seed=0) -> Transformer:
-    config = ModelConfig(vocab_size=V, hidden_size=32, n_layers=2, n_heads=4, n_kv_heads=n_kv_heads,
-                         max_positions=128, tie_embeddings=False, init_std=0.15, rope_scaling=rope_scaling)
-    return Transformer(config, seed=seed).eval()
+tiny = partial(small_transformer, V, **DECODING)  # tiny(seed=0, n_kv_heads=2, rope_scaling=None)
 
 
 def prompts(n=4, seed=0, lengths=(5, 2, 7, 1)):
@@ -95,7 +95,7 @@ WITH_ROLLBACKS = STEPS + [("rollback", [0, 2], 2)] + STEPS[:3] + [("rollback", [
 @pytest.mark.parametrize("params", [GREEDY, TOP_P], ids=["greedy", "top_p"])
 @pytest.mark.parametrize("actions", [STEPS, WITH_ROLLBACKS], ids=["steps", "rollbacks"])
 def test_cached_and_uncached_generation_give_identical_tokens(n_kv_heads, scaling, params, actions):
-    model, ps = tiny(n_kv_heads, scaling), prompts()
+    model, ps = tiny(n_kv_heads=n_kv_heads, rope_scaling=scaling), prompts()
     got, _ = run_engine(model, ps, actions, params, torch.Generator().manual_seed(7))
     want = reference(model, ps, actions, params, torch.Generator().manual_seed(7))
     assert_same(got, want)

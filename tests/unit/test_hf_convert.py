@@ -1,4 +1,5 @@
-"""Hugging Face checkpoints: save/load round trips, exactly the declared weight files, the import direction."""
+"""Hugging Face checkpoints: save/load round trips, exactly the declared weight files, the import
+direction."""
 
 import ast
 import json
@@ -12,17 +13,15 @@ from safetensors.torch import load_file, save_file
 
 import halluc_lab.model.transformer
 from halluc_lab.model.hf_convert import INDEX_NAME, WEIGHTS_NAME, load_pretrained, save_pretrained
-from halluc_lab.model.transformer import ModelConfig, Transformer
+from halluc_lab.model.transformer import Transformer
 from halluc_lab.model.positional import RopeScaling
+from tests.unit._tiny_lm import small_config
 
 V = 97
 
 
 def tiny(seed=0, **kw) -> Transformer:
-    args = dict(vocab_size=V, hidden_size=32, n_layers=2, n_heads=4, n_kv_heads=2, max_positions=64,
-                tie_embeddings=False, init_std=0.1)
-    args.update(kw)
-    return Transformer(ModelConfig(**args), seed=seed)
+    return Transformer(small_config(V, **{"tie_embeddings": False, **kw}), seed=seed)
 
 
 def ids(B=3, T=12, seed=0):
@@ -36,7 +35,8 @@ def same_weights(a: Transformer, b: Transformer) -> bool:
 def test_save_pretrained_loads_with_auto_model_and_back(tmp_path):
     from transformers import AutoModelForCausalLM, LlamaForCausalLM
 
-    model = tiny(2, tie_embeddings=True, rope_scaling=RopeScaling("yarn", 4.0, original_max_positions=32))
+    yarn = RopeScaling("yarn", 4.0, original_max_positions=32)
+    model = tiny(2, tie_embeddings=True, rope_scaling=yarn)
     save_pretrained(model, tmp_path / "lab")
     hf = AutoModelForCausalLM.from_pretrained(tmp_path / "lab")
     assert isinstance(hf, LlamaForCausalLM)
@@ -63,13 +63,15 @@ def test_a_sharded_checkpoint_reads_exactly_the_shards_its_index_names(tmp_path)
     state = load_file(str(tmp_path / WEIGHTS_NAME))
     (tmp_path / WEIGHTS_NAME).unlink()
     names = sorted(state)
-    shards = {"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]}
+    shards = {"model-00001-of-00002.safetensors": names[::2],
+              "model-00002-of-00002.safetensors": names[1::2]}
     for f, keys in shards.items():
         save_file({k: state[k] for k in keys}, str(tmp_path / f))
     weight_map = {k: f for f, keys in shards.items() for k in keys}
     (tmp_path / INDEX_NAME).write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
     save_pretrained(stale, tmp_path / "stale")
-    (tmp_path / "stale" / WEIGHTS_NAME).rename(tmp_path / "model-00003-of-00003.safetensors")  # not in the index
+    # a weight file the index does not name
+    (tmp_path / "stale" / WEIGHTS_NAME).rename(tmp_path / "model-00003-of-00003.safetensors")
     assert same_weights(load_pretrained(tmp_path), model)
 
 
@@ -78,7 +80,8 @@ def test_a_missing_declared_weight_file_raises_naming_its_path(tmp_path):
     (tmp_path / WEIGHTS_NAME).rename(tmp_path / "other.safetensors")
     with pytest.raises(FileNotFoundError, match=str(tmp_path / WEIGHTS_NAME)):
         load_pretrained(tmp_path)
-    (tmp_path / INDEX_NAME).write_text(json.dumps({"weight_map": {"model.norm.weight": "shard-1.safetensors"}}))
+    index = {"weight_map": {"model.norm.weight": "shard-1.safetensors"}}
+    (tmp_path / INDEX_NAME).write_text(json.dumps(index))
     with pytest.raises(FileNotFoundError, match=str(tmp_path / "shard-1.safetensors")):
         load_pretrained(tmp_path)
     (tmp_path / "config.json").unlink()
@@ -86,7 +89,8 @@ def test_a_missing_declared_weight_file_raises_naming_its_path(tmp_path):
         load_pretrained(tmp_path)
 
 
-@pytest.mark.parametrize("index", [{"weight_map": "model.safetensors"}, {"weight_map": {}}, {"metadata": {}},
+@pytest.mark.parametrize("index", [{"weight_map": "model.safetensors"}, {"weight_map": {}},
+                                   {"metadata": {}},
                                    {"weight_map": {"a": "../elsewhere.safetensors"}}])
 def test_a_malformed_shard_index_raises(tmp_path, index):
     save_pretrained(tiny(), tmp_path)
@@ -98,7 +102,8 @@ def test_a_malformed_shard_index_raises(tmp_path, index):
 def test_saving_over_a_sharded_checkpoint_removes_its_index_and_shards(tmp_path):
     save_pretrained(tiny(seed=2), tmp_path)
     (tmp_path / WEIGHTS_NAME).rename(tmp_path / "shard-1.safetensors")
-    weight_map = {k: "shard-1.safetensors" for k in load_file(str(tmp_path / "shard-1.safetensors"))}
+    shard = tmp_path / "shard-1.safetensors"
+    weight_map = {k: shard.name for k in load_file(str(shard))}
     (tmp_path / INDEX_NAME).write_text(json.dumps({"weight_map": weight_map}))
     model = tiny(seed=1)
     save_pretrained(model, tmp_path)

@@ -1,26 +1,25 @@
-"""The lab's decoder: reference vs fast paths, Hugging Face parity, packing, padding, the cached forward."""
+"""The lab's decoder: reference vs fast paths, Hugging Face parity, packing, padding, the cached
+forward."""
 
 import dataclasses
 import math
+from functools import partial
 
 import pytest
 import torch
 
 from halluc_lab.model.hf_convert import config_from_hf, from_hf, to_hf, to_hf_config
 from halluc_lab.model.kv_cache import KVCache
-from halluc_lab.model.transformer import ModelConfig, RMSNorm, Transformer, rms_norm_reference, segment_positions
+from halluc_lab.model.transformer import RMSNorm, Transformer, rms_norm_reference, segment_positions
 from halluc_lab.model.positional import RopeScaling
+from tests.unit._tiny_lm import small_config
 
 V = 97
 SCALINGS = {"plain": None, "linear": RopeScaling("linear", 2.0),
             "yarn": RopeScaling("yarn", 4.0, original_max_positions=32)}
 
 
-def tiny(n_kv_heads=2, **kw) -> ModelConfig:
-    args = dict(vocab_size=V, hidden_size=32, n_layers=2, n_heads=4, n_kv_heads=n_kv_heads, max_positions=64,
-                tie_embeddings=False, init_std=0.1)
-    args.update(kw)
-    return ModelConfig(**args)
+tiny = partial(small_config, V, tie_embeddings=False)  # (n_kv_heads=2, **changes) -> ModelConfig
 
 
 def ids(B=3, T=12, seed=0):
@@ -34,7 +33,8 @@ def test_fast_path_equals_reference_path(n_kv_heads):
     x, seg = ids(), torch.tensor([[0] * 5 + [1] * 7] * 3)
     with torch.no_grad():
         torch.testing.assert_close(fast(x), ref(x), atol=1e-5, rtol=0)
-        torch.testing.assert_close(fast(x, segment_ids=seg), ref(x, segment_ids=seg), atol=1e-5, rtol=0)
+        torch.testing.assert_close(fast(x, segment_ids=seg), ref(x, segment_ids=seg), atol=1e-5,
+                                   rtol=0)
 
 
 def test_fused_rms_norm_equals_the_formula():
@@ -50,7 +50,8 @@ def test_fused_rms_norm_equals_the_formula():
 @pytest.mark.parametrize("n_kv_heads", [4, 2, 1], ids=["MHA", "GQA", "MQA"])
 @pytest.mark.parametrize("tie", [True, False], ids=["tied", "untied"])
 def test_logits_equal_hugging_face_llama(scaling, n_kv_heads, tie):
-    model = Transformer(tiny(n_kv_heads, rope_scaling=SCALINGS[scaling], tie_embeddings=tie), seed=1)
+    config = tiny(n_kv_heads, rope_scaling=SCALINGS[scaling], tie_embeddings=tie)
+    model = Transformer(config, seed=1)
     hf = to_hf(model)
     x = ids(T=40)
     with torch.no_grad():
@@ -67,7 +68,8 @@ def test_ntk_scaling_has_no_hugging_face_equivalent():
 def test_unsupported_hugging_face_configs_raise():
     cfg = to_hf_config(tiny()).to_dict()
     for key, value in [("hidden_act", "gelu"), ("attention_bias", True),
-                       ("rope_parameters", {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4})]:
+                       ("rope_parameters",
+                        {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4})]:
         with pytest.raises(ValueError):
             config_from_hf({**cfg, key: value})
 
@@ -86,7 +88,8 @@ def test_packed_and_unpacked_logits_are_equal(n_kv_heads):
     with torch.no_grad():
         out = model(packed, segment_ids=seg)[0]
         for piece, start in ((a, 0), (b, 5), (c, 14)):
-            torch.testing.assert_close(out[start:start + len(piece)], model(piece[None])[0], atol=1e-5, rtol=0)
+            torch.testing.assert_close(out[start:start + len(piece)], model(piece[None])[0],
+                                       atol=1e-5, rtol=0)
 
 
 def test_right_padding_leaves_real_positions_unchanged():
@@ -105,7 +108,8 @@ def test_cached_forward_equals_the_full_forward(scaling, n_kv_heads):
     with torch.no_grad():
         full = model(x)
         cache = model.new_cache(3, 32)
-        parts = [model(x[:, :7], cache=cache)] + [model(x[:, t:t + 1], cache=cache) for t in range(7, 16)]
+        parts = [model(x[:, :7], cache=cache)]
+        parts += [model(x[:, t:t + 1], cache=cache) for t in range(7, 16)]
     torch.testing.assert_close(torch.cat(parts, dim=1), full, atol=1e-5, rtol=0)
     assert cache.lengths.tolist() == [16, 16, 16]
 
@@ -150,7 +154,8 @@ def test_bf16_autocast_on_cpu_stays_close_to_fp32():
 
 
 @pytest.mark.parametrize("kw", [dict(hidden_size=30), dict(n_kv_heads=3), dict(n_layers=0),
-                                dict(vocab_size=-1), dict(norm_eps=0.0), dict(rope_scaling="linear"),
+                                dict(vocab_size=-1), dict(norm_eps=0.0),
+                                dict(rope_scaling="linear"),
                                 dict(hidden_size=30, n_heads=6, n_kv_heads=6)])
 def test_bad_configs_raise(kw):
     with pytest.raises((ValueError, TypeError)):
@@ -183,9 +188,10 @@ def test_logits_to_keep_gives_the_same_logits_as_slicing_the_full_ones(tie):
         torch.testing.assert_close(model(x, logits_to_keep=1), full[:, -1:], atol=1e-6, rtol=0)
         torch.testing.assert_close(model(x, logits_to_keep=4), full[:, -4:], atol=1e-6, rtol=0)
         torch.testing.assert_close(model(x, logits_to_keep=10), full, atol=0, rtol=0)
-        torch.testing.assert_close(model(x, logits_to_keep=torch.tensor([0, 5])), full[:, [0, 5]], atol=1e-6, rtol=0)
-        torch.testing.assert_close(model(x, logits_to_keep=per_row), full[torch.arange(3)[:, None], per_row],
+        torch.testing.assert_close(model(x, logits_to_keep=torch.tensor([0, 5])), full[:, [0, 5]],
                                    atol=1e-6, rtol=0)
+        torch.testing.assert_close(model(x, logits_to_keep=per_row),
+                                   full[torch.arange(3)[:, None], per_row], atol=1e-6, rtol=0)
         assert model(x, logits_to_keep=torch.zeros(0, dtype=torch.long)).shape == (3, 0, V)
 
 
@@ -194,13 +200,15 @@ def test_logits_to_keep_with_a_cache_still_fills_the_cache():
     x = ids(2, 9)
     with torch.no_grad():
         cache = model.new_cache(2, 16)
-        assert model(x[:, :8], cache=cache, logits_to_keep=torch.zeros(0, dtype=torch.long)).shape == (2, 0, V)
+        none = torch.zeros(0, dtype=torch.long)
+        assert model(x[:, :8], cache=cache, logits_to_keep=none).shape == (2, 0, V)
         last = model(x[:, 8:], cache=cache)[:, -1]
         torch.testing.assert_close(last, model(x)[:, -1], atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("keep", [-1, 11, 1.0, True, torch.tensor([10]), torch.tensor([0.0]),
-                                  torch.zeros(2, 1, dtype=torch.long), torch.zeros(3, 1, 1, dtype=torch.long)])
+                                  torch.zeros(2, 1, dtype=torch.long),
+                                  torch.zeros(3, 1, 1, dtype=torch.long)])
 def test_bad_logits_to_keep_raises_naming_it_before_the_cache_changes(keep):
     model = Transformer(tiny())
     cache = model.new_cache(3, 16)
@@ -226,16 +234,21 @@ def test_token_ids_outside_the_vocabulary_raise_before_anything_is_written():
     model(ids(3, 4).int())  # int32 ids are fine
 
 
-@pytest.mark.parametrize("kw,name", [(dict(rope_theta=math.nan), "rope_theta"), (dict(rope_theta=math.inf), "rope_theta"),
-                                     (dict(rope_theta=1.0), "rope_theta"), (dict(init_std=math.inf), "init_std"),
-                                     (dict(init_std=math.nan), "init_std"), (dict(norm_eps=math.inf), "norm_eps")])
+@pytest.mark.parametrize("kw,name", [(dict(rope_theta=math.nan), "rope_theta"),
+                                     (dict(rope_theta=math.inf), "rope_theta"),
+                                     (dict(rope_theta=1.0), "rope_theta"),
+                                     (dict(init_std=math.inf), "init_std"),
+                                     (dict(init_std=math.nan), "init_std"),
+                                     (dict(norm_eps=math.inf), "norm_eps")])
 def test_non_finite_or_out_of_range_config_floats_raise_naming_the_field(kw, name):
     with pytest.raises(ValueError, match=f"{name} must be a finite number"):
         tiny(**kw)
 
 
-@pytest.mark.parametrize("kw,name", [(dict(rope_theta="1e4"), "rope_theta"), (dict(init_std=None), "init_std"),
-                                     (dict(tie_embeddings=1), "tie_embeddings"), (dict(fast="yes"), "fast")])
+@pytest.mark.parametrize("kw,name", [(dict(rope_theta="1e4"), "rope_theta"),
+                                     (dict(init_std=None), "init_std"),
+                                     (dict(tie_embeddings=1), "tie_embeddings"),
+                                     (dict(fast="yes"), "fast")])
 def test_config_fields_of_the_wrong_type_raise_type_error(kw, name):
     with pytest.raises(TypeError, match=name):
         tiny(**kw)

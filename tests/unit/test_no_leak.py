@@ -117,7 +117,7 @@ def test_own_error_and_correction_demonstrations_state_no_evaluation_only_pair(s
     assert hidden_in(task, texts) == set()
 
 
-@pytest.mark.parametrize("scale", SCALES)
+@pytest.mark.parametrize("scale", ["smoke", pytest.param("full", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("name", SFT_STAGES)
 def test_sft_examples_with_their_passages_and_backspaces_state_no_evaluation_only_pair(scale, name):
     """SFT's examples as its stage builds them (smoke: the packed rows themselves, replayed

@@ -27,6 +27,8 @@ import textwrap
 from importlib.metadata import packages_distributions
 from pathlib import Path
 
+import pytest
+
 try:
     import tomllib
 except ImportError:  # Python 3.10: the copy of tomli that pip carries
@@ -127,6 +129,7 @@ _PROBE = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_the_wheel_installed_in_a_fresh_environment_has_every_module_and_imports_each(tmp_path):
     src = tmp_path / "src"
     src.mkdir()

@@ -1,20 +1,21 @@
-"""The residual stream, the deviation between two runs and the Jacobians of halluc_lab.evaluation.propagation, checked
-against the model's own forward (logits, autograd and finite differences through a hook)."""
+"""The residual stream, the deviation between two runs and the Jacobians of
+halluc_lab.evaluation.propagation, checked against the model's own forward (logits, autograd and finite
+differences through a hook)."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from halluc_lab.model.transformer import ModelConfig, Transformer
+from halluc_lab.model.transformer import Transformer
 from halluc_lab.evaluation.propagation import block_jacobian, deviation, residual_stream, stream_jacobian
+from tests.unit._tiny_lm import small_transformer
 
 V, D, L = 16, 16, 3  # vocabulary, width, blocks
 
 
 def tiny(dtype=torch.float32, **kw) -> Transformer:
-    cfg = ModelConfig(vocab_size=V, hidden_size=D, n_layers=L, n_heads=4, n_kv_heads=2, max_positions=32,
-                      init_std=0.1, **kw)  # init_std 0.1: branches large enough that Jacobians are far from I
-    return Transformer(cfg, seed=0).to(dtype).eval()
+    # init_std 0.1: branches large enough that Jacobians are far from I
+    return small_transformer(V, hidden_size=D, n_layers=L, max_positions=32, **kw).to(dtype)
 
 
 def ids(*shape, seed=0) -> torch.Tensor:
@@ -22,8 +23,9 @@ def ids(*shape, seed=0) -> torch.Tensor:
 
 
 def streams_with(model, input_ids, first, source, x) -> list[torch.Tensor]:
-    """The model's own forward of one sequence (T,), the stream at `source` after `first` blocks set to x
-    (d,): the L+1 streams (1, T, d), differentiable in x. An independent route to the Jacobians."""
+    """The model's own forward of one sequence (T,), the stream at `source` after `first` blocks
+    set to x (d,): the L+1 streams (1, T, d), differentiable in x. An independent route to the
+    Jacobians."""
     out = []
 
     def replace(module, args, output):
@@ -32,8 +34,10 @@ def streams_with(model, input_ids, first, source, x) -> list[torch.Tensor]:
         return output
 
     where = model.embed_tokens if first == 0 else model.layers[first - 1]
-    handles = [where.register_forward_hook(replace)]  # first, so the recording hooks see the replaced stream
-    handles += [m.register_forward_hook(lambda m, a, o: out.append(o)) for m in [model.embed_tokens, *model.layers]]
+    # first, so the recording hooks see the replaced stream
+    handles = [where.register_forward_hook(replace)]
+    handles += [m.register_forward_hook(lambda m, a, o: out.append(o))
+                for m in [model.embed_tokens, *model.layers]]
     try:
         model(input_ids[None])
     finally:
@@ -43,10 +47,10 @@ def streams_with(model, input_ids, first, source, x) -> list[torch.Tensor]:
 
 
 def check_against_the_forward(J, model, input_ids, source, target, first, last, k=3):
-    """J ``(d, d)`` against the model's own forward, in k random directions (which miss a wrong entry with
-    probability 0): uᵀJ against autograd's vector-Jacobian product, J v against central differences. The
-    model's RMSNorm computes in float32 whatever its weights: both agree to float32's precision only, and the
-    differences step by 1e-3 (error ~1e-4)."""
+    """J ``(d, d)`` against the model's own forward, in k random directions (which miss a wrong
+    entry with probability 0): uᵀJ against autograd's vector-Jacobian product, J v against central
+    differences. The model's RMSNorm computes in float32 whatever its weights: both agree to
+    float32's precision only, and the differences step by 1e-3 (error ~1e-4)."""
     x0 = residual_stream(model, input_ids[None])[first, 0, source]  # (d,)
     f = lambda x: streams_with(model, input_ids, first, source, x)[last][0, target]  # (d,) -> (d,)
     g = torch.Generator().manual_seed(0)
@@ -83,7 +87,8 @@ def test_hooks_are_removed_and_the_mode_restored_also_after_an_error():
     before = counts()
     residual_stream(model, ids(1, 5))
     assert counts() == before and model.training and all(m.training for m in model.modules())
-    with pytest.raises(ValueError, match="token ids in"):  # raised inside the forward, with the hooks on
+    # raised inside the forward, with the hooks on
+    with pytest.raises(ValueError, match="token ids in"):
         residual_stream(model, torch.tensor([[1, V]]))
     assert counts() == before and model.training
     block_jacobian(model, ids(5), layer=1, position=2)
@@ -100,7 +105,8 @@ def test_deviation_is_zero_before_the_swapped_token_and_positive_from_it():
     assert dev.shape == (L + 1, 2, 8)
     assert torch.all(dev[:, :, :3] == 0)  # exactly: causality
     assert torch.all(dev[:, :, 3] > 0)  # the swapped token's own stream, at every layer
-    assert torch.all(dev[0, :, 4:] == 0) and torch.all(dev[1:, :, 4:] > 0)  # later tokens: only through attention
+    # later tokens: only through attention
+    assert torch.all(dev[0, :, 4:] == 0) and torch.all(dev[1:, :, 4:] > 0)
 
 
 def test_identical_runs_deviate_nowhere():
@@ -123,7 +129,7 @@ def test_block_jacobian_equals_autograd_and_finite_differences(layer, position):
     J = block_jacobian(model, x, layer, position)
     assert J.shape == (D, D) and J.dtype == torch.float64 and not J.requires_grad
     check_against_the_forward(J, model, x, position, position, layer, layer + 1)
-    assert not torch.allclose(J, torch.eye(D, dtype=J.dtype), atol=1e-2)  # the branches do contribute
+    assert not torch.allclose(J, torch.eye(D, dtype=J.dtype), atol=1e-2)  # the branches count
 
 
 def test_a_block_with_zeroed_output_projections_is_the_identity():
@@ -134,11 +140,12 @@ def test_a_block_with_zeroed_output_projections_is_the_identity():
     J = block_jacobian(model, ids(6), layer=1, position=3)
     assert J.dtype == torch.float32 and torch.equal(J, torch.eye(D))
     assert torch.equal(torch.linalg.svdvals(J), torch.ones(D))
-    assert all(p.grad is None for p in model.parameters())  # the Jacobian leaves the weights' gradients alone
+    # the Jacobian leaves the weights' gradients alone
+    assert all(p.grad is None for p in model.parameters())
 
 
 @pytest.mark.parametrize("source, target, first, last", [
-    (1, 5, 0, None),  # embeddings to the last block's output: 001's "with respect to earlier tokens"
+    (1, 5, 0, None),  # embeddings to the last block's output: 001's "w.r.t. earlier tokens"
     (2, 2, 0, None),  # the same position through every block
     (0, 6, 1, 3),  # across positions through the middle blocks
     (3, 4, 2, 3),  # one block, across positions: only attention carries it
@@ -164,15 +171,20 @@ def test_a_later_source_cannot_reach_an_earlier_target():
 
 
 @pytest.mark.parametrize("call, error, message", [
-    (lambda m: block_jacobian(m, ids(6), layer=L, position=0), ValueError, r"layer must be an int in \[0, 3\)"),
+    (lambda m: block_jacobian(m, ids(6), layer=L, position=0), ValueError,
+     r"layer must be an int in \[0, 3\)"),
     (lambda m: block_jacobian(m, ids(6), layer=-1, position=0), ValueError, "layer must be"),
     (lambda m: block_jacobian(m, ids(6), layer=True, position=0), ValueError, "layer must be"),
-    (lambda m: block_jacobian(m, ids(6), layer=0, position=6), ValueError, r"position must be an int in \[0, 6\)"),
-    (lambda m: block_jacobian(m, ids(1, 6), layer=0, position=0), ValueError, r"shape \(T,\): one sequence"),
+    (lambda m: block_jacobian(m, ids(6), layer=0, position=6), ValueError,
+     r"position must be an int in \[0, 6\)"),
+    (lambda m: block_jacobian(m, ids(1, 6), layer=0, position=0), ValueError,
+     r"shape \(T,\): one sequence"),
     (lambda m: block_jacobian(m, ids(6).float(), layer=0, position=0), TypeError, "int64 or int32"),
     (lambda m: stream_jacobian(m, ids(6), 0, 6), ValueError, r"target must be an int in \[0, 6\)"),
-    (lambda m: stream_jacobian(m, ids(6), 0, 1, first=2, last=2), ValueError, r"first must be an int in \[0, 2\)"),
-    (lambda m: stream_jacobian(m, ids(6), 0, 1, last=L + 1), ValueError, r"last must be an int in \[1, 4\)"),
+    (lambda m: stream_jacobian(m, ids(6), 0, 1, first=2, last=2), ValueError,
+     r"first must be an int in \[0, 2\)"),
+    (lambda m: stream_jacobian(m, ids(6), 0, 1, last=L + 1), ValueError,
+     r"last must be an int in \[1, 4\)"),
     (lambda m: stream_jacobian(m, ids(6), 0, 1, last=0), ValueError, "last must be"),
     (lambda m: stream_jacobian(m, ids(1, 6), 0, 1), ValueError, "one sequence"),
     (lambda m: residual_stream(m, ids(6)), ValueError, r"input_ids must have shape \(B, T\)"),

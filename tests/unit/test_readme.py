@@ -130,6 +130,7 @@ def _env(tmp_path: Path) -> dict[str, str]:
     return env
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("lang, command", RUN, ids=[c.splitlines()[0][:60] for _, c in RUN])
 def test_the_readme_command_runs_in_a_fresh_clone(clone, tmp_path, lang, command):
     if lang == "python":

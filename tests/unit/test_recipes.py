@@ -5,6 +5,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import pickle
 import re
 import shutil
 import warnings
@@ -13,7 +14,8 @@ import pytest
 import torch
 
 from halluc_lab import recipes
-from halluc_lab.recipes import cache as recipe_cache, code_trees
+from halluc_lab.recipes import code_trees, cache as recipe_cache
+from halluc_lab.stages import pretraining
 from halluc_lab.training import recipe
 from halluc_lab.training import train as halluc_train
 from halluc_lab.training.data import IGNORE
@@ -119,7 +121,59 @@ def test_one_pass_is_counted_once_and_kept_under_the_recipe_key(fresh_registry, 
         recipes.get.cache_clear()
         with pytest.warns(recipes.CacheWarning, match=re.escape(str(kept))), \
                 pytest.raises(AssertionError, match="built again"):
-            recipes.get("arithmetic-pretrain", "smoke")
+            recipes.get("arithmetic-pretrain", "smoke").train  # the count is read on first use
+
+
+def test_a_full_scale_recipe_is_named_without_building_any_corpus(monkeypatch, cache):
+    def built(*args):
+        raise AssertionError("a corpus was built")
+
+    monkeypatch.setattr(pretraining, "pretraining_rows", built)
+    for task in recipes.TASKS:  # not the registry's cached recipes: each made afresh here
+        root = recipes.get.__wrapped__(f"{task}-pretrain", "full")
+        assert isinstance(root.stage, recipes.Pretraining) and root.parent is None
+    ppo = recipes.get.__wrapped__("kb_walk-ppo", "full")
+    assert isinstance(ppo.stage, recipes.PPO) and ppo.pretraining.name == "kb_walk-pretrain"
+
+
+def test_one_pass_is_counted_on_the_first_read_of_train_once(monkeypatch, cache):
+    real, calls = pretraining.pretraining_rows, []
+    monkeypatch.setattr(pretraining, "pretraining_rows", lambda *a: calls.append(a) or real(*a))
+    r = recipes.get.__wrapped__("arithmetic-pretrain", "smoke")
+    travelled = pickle.loads(pickle.dumps(r))  # as prefetch sends it to a worker, not yet counted
+    assert calls == []
+    steps = r.train.steps
+    assert len(calls) == 1 and steps == real(*calls[0]).input_ids.shape[0] // r.batch_size
+    assert r.train.steps == steps and len(calls) == 1  # counted once, then kept
+    assert travelled.train == r.train and len(calls) == 1  # the worker reads the kept count
+
+
+def as_before(name: str, scale: str) -> recipes.Recipe:
+    """The registry's recipe built straight from its tables, pre-training's one pass counted at once
+    from the corpus: what ``recipes.get`` returned before it deferred the count."""
+    task, stage = name.split("-", 1)
+    plan, how = recipes.TASK_PLANS[task, scale], recipes.STAGE_PLANS[stage]
+    shape, parent = recipes.SCALE_PLANS[scale], plan.parents.get(stage, how.parent)
+    model = dataclasses.replace(shape.model,
+                                vocab_size=make_task(plan.world).tokenizer().vocab_size)
+    steps = plan.steps.get(stage)
+    if not steps:
+        assert isinstance(how.stage(plan), recipes.Pretraining)
+        rows = pretraining.pretraining_rows(plan.world, shape.seq_len, how.seed)
+        steps = rows.input_ids.shape[0] // shape.batch_size
+    train = TrainConfig(steps=steps, lr=how.lr[scale],
+                        warmup_steps=min(100, steps // how.warmup_divisor), weight_decay=0.0,
+                        log_every=50, checkpoint_every=max(1, min(200, steps // 4)))
+    parent = None if parent is None else as_before(f"{task}-{parent}", scale)
+    return recipes.Recipe(name, scale, plan.world, model, train, shape.batch_size, shape.seq_len,
+                          how.stage(plan), parent, how.seed)
+
+
+def test_every_registry_recipe_is_what_it_was_before_its_steps_were_deferred():
+    for name in recipes.NAMES:
+        got, before = recipes.get(name, "smoke"), as_before(name, "smoke")
+        assert recipe_cache._canonical(got) == recipe_cache._canonical(before), name
+        assert got == before and recipes.key(got) == recipes.key(before), name
 
 
 def test_the_isolate_the_key_arm_differs_from_rlvr_bksp_only_in_masking_the_token_during_rl():
@@ -292,7 +346,8 @@ def test_code_modules_are_what_the_recipe_imports_and_nothing_else():
               "recipes.cache", "recipes.code_trees", "progress", "model.hf_convert"):
         assert f"halluc_lab.{m}" not in used
     # "from halluc_lab.pkg import x" uses x, not the package's __init__ (nor the library's)
-    assert not {"halluc_lab", "halluc_lab.training", "halluc_lab.model", "halluc_lab.stages"} & set(used)
+    packages = {"halluc_lab"} | {f"halluc_lab.{p}" for p in ("training", "model", "stages", "tasks")}
+    assert not packages & set(used)
 
 
 def test_imports_inside_functions_count_and_from_package_import_module_names_the_module():
@@ -556,6 +611,7 @@ def test_the_tree_text_leaves_out_what_python_versions_add_or_drop():
 
 
 # -- several chains at once ----------------------------------------------------------------------------
+@pytest.mark.slow
 def test_prefetch_trains_chains_in_parallel_processes_as_load_would(cache):
     sft = tiny_sft()
     chains = [recipes.with_seed(sft, s) for s in (0, 1)]
@@ -601,7 +657,7 @@ def test_chapter_10s_rsft_and_dpo_are_chapter_9s_from_the_backspace_models_and_t
 
 
 # -- chapter 11: SFT on retrieved context ----------------------------------------------------------------
-@pytest.mark.parametrize("scale", recipes.SCALES)
+@pytest.mark.parametrize("scale", ["smoke", pytest.param("full", marks=pytest.mark.slow)])
 def test_rag_sft_is_kb_walks_clean_sft_with_retrieved_context_at_matched_compute(scale):
     rag, clean = recipes.get("kb_walk-sft-rag", scale), recipes.get("kb_walk-sft-clean", scale)
     assert rag.stage == dataclasses.replace(clean.stage, retrieved=RetrievedContext()) and clean.stage.retrieved is None

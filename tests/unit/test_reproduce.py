@@ -40,6 +40,7 @@ def fixture_chapters(folder: Path, seconds: dict[str, float]) -> Path:
     return folder
 
 
+@pytest.mark.slow
 def test_a_concurrent_run_starts_the_longest_first_and_hands_out_the_gpus_in_turn(tmp_path, monkeypatch):
     notebooks = fixture_chapters(tmp_path / "nb", {"short": 1.0, "long": 50.0, "middle": 7.0})
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,6")  # never opened: the fixture imports no CUDA
@@ -58,6 +59,7 @@ def test_a_concurrent_run_starts_the_longest_first_and_hands_out_the_gpus_in_tur
     assert gpus == {"long": "4,6", "middle": "6,4", "short": "4,6"}  # started in that order
 
 
+@pytest.mark.slow
 def test_a_failed_chapter_is_reported_and_the_others_still_run_one_at_a_time_too(tmp_path):
     notebooks = fixture_chapters(tmp_path / "nb", {"fine": 1.0, "broken": 2.0})
     nb = nbformat.read(notebooks / "broken.ipynb", as_version=4)
@@ -86,6 +88,7 @@ def test_fewer_than_one_job_is_refused_before_anything_runs(jobs, tmp_path, monk
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.slow
 def test_a_dead_kernel_a_missing_notebook_or_footer_fails_that_chapter_and_the_book_goes_on(tmp_path):
     notebooks = fixture_chapters(tmp_path / "nb", {"fine": 1.0, "dies": 2.0, "no_footer": 3.0})
     nb = nbformat.read(notebooks / "dies.ipynb", as_version=4)
@@ -124,6 +127,7 @@ def papermill_run(source: Path, target: Path, scale: str) -> Path:
     return target
 
 
+@pytest.mark.slow
 def test_adopt_reads_the_runs_own_record_never_the_metadata_it_kept(tmp_path):
     notebooks = fixture_chapters(tmp_path / "nb", {"ch": 1.0})
     committed = papermill_run(notebooks / "ch.ipynb", tmp_path / "committed.ipynb", "full")

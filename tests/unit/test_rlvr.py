@@ -14,7 +14,7 @@ from halluc_lab.stages import rlvr as rlvr_module
 from halluc_lab.generation.backtrack import CONTEXTS, rollout, training_rows
 from halluc_lab.training.data import IGNORE, pad
 from halluc_lab.device import deterministic
-from halluc_lab.model.transformer import ModelConfig, Transformer
+from halluc_lab.model.transformer import Transformer
 from halluc_lab.stages.reward_model import VerifierReward
 from halluc_lab.stages.rlvr import (
     DAPO,
@@ -28,6 +28,7 @@ from halluc_lab.stages.rlvr import (
     rlvr,
 )
 from halluc_lab.stages.rlvr_rounds import CapturedUpdate, keep_rows, log_logprobs, pad_flags, round_rows
+from tests.unit._tiny_lm import small_transformer
 from halluc_lab.tasks import make_task
 from halluc_lab.model.tokenizer import Tokenizer
 from tests.unit.test_backtrack import BKSP, FORCED, prompts, run, tiny
@@ -246,9 +247,7 @@ TOY = RLVRConfig(iterations=30, prompts_per_iteration=4, samples_per_prompt=8, m
 
 
 def toy_policy(seed=0) -> Transformer:
-    config = ModelConfig(vocab_size=TOK.vocab_size, hidden_size=32, n_layers=2, n_heads=4, n_kv_heads=2,
-                         max_positions=64, init_std=0.1)
-    return Transformer(config, seed=seed).eval()
+    return small_transformer(TOK.vocab_size, seed)
 
 
 def first_is_target(prompts, completions, **kw):

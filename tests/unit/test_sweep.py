@@ -103,6 +103,7 @@ def test_command_line_errors(tmp_path, args, message):
         sweep.main([str(FIXTURE), *args, "--out", str(tmp_path)])
 
 
+@pytest.mark.slow
 def test_values_that_differ_only_in_unsafe_characters_get_runs_of_their_own(tmp_path, capfd):
     names = [sweep.run_name({"tag": v}) for v in ["a/b", "a_b", "a b", "a%2Fb", "a,b=c"]]
     assert len(set(names)) == 5 and not any("/" in n for n in names)
@@ -198,6 +199,7 @@ def test_run_name_and_default_jobs():
 # ------------------------------------------------------------------ real sweeps (papermill)
 
 
+@pytest.mark.slow
 def test_sweep_end_to_end_with_two_jobs(tmp_path):
     out = tmp_path / "sweep"
     code = sweep.main([str(FIXTURE), "-p", "seed", "0", "1", "-p", "temperature", "0.5", "1.0",
@@ -228,6 +230,7 @@ def test_sweep_end_to_end_with_two_jobs(tmp_path):
     assert (out / "summary.png").stat().st_size > 10_000
 
 
+@pytest.mark.slow
 def test_a_seed_only_sweep_plots_no_fixed_scale_and_counts_what_it_left_out(tmp_path, capsys):
     code = sweep.main([str(FIXTURE), "-p", "seed", "0", "1", "--scale", "smoke",
                        "--summary", "rate", "--jobs", "1", "--out", str(tmp_path)])
@@ -238,6 +241,7 @@ def test_a_seed_only_sweep_plots_no_fixed_scale_and_counts_what_it_left_out(tmp_
     assert "1 glued value that" in printed and "first_hits" not in printed
 
 
+@pytest.mark.slow
 def test_failed_run_is_recorded_and_the_others_gathered(tmp_path):
     code = sweep.main([str(FIXTURE), "-p", "temperature", "0", "1.0", "--summary", "rate", "--jobs", "1",
                        "--out", str(tmp_path)])

@@ -57,6 +57,7 @@ def test_a_bad_halluc_device_is_refused_naming_the_variable(value, capsys, monke
     assert exit_.value.code == 2 and "$HALLUC_DEVICE must be one of" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_full_scale_on_a_cpu_asks_for_yes(capsys, monkeypatch):
     monkeypatch.setenv("HALLUC_DEVICE", "cpu")
     with pytest.raises(SystemExit) as exit_:
