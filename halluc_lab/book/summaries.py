@@ -1,4 +1,4 @@
-"""The summaries of chapters 10–12, as sentences built from their numbers.
+"""Chapters 10–12's summaries and chapter 11's claim rows, as sentences built from numbers.
 
 A chapter's summary states what its measurements say, so its words must follow the numbers: a
 verdict comes from :func:`halluc_lab.evaluation.stats.said` (higher, lower or not resolved, the
@@ -10,7 +10,9 @@ numbers on both sides of every verdict and checks that the wording follows.
   contrast of the hallucination rate, how often the `<bksp>` arms erased, and each arm with
   `<bksp>` against the best arm without it, with what masking its `<bksp>` does.
 - :func:`hallucination_summary` — hallucination and retrieval (chapter 11): where the
-  hallucinations are, decoding, calibration, propagation and retrieval, one bullet each.
+  hallucinations are, decoding, calibration, propagation and retrieval, one bullet each; and
+  :func:`hallucination_claims`, the rows of its check of 001 Part 3 §2–3, each verdict from the
+  measured interval.
 - :func:`extensions_summary` — continual learning, sycophancy, safety, the vision model, in-context
   learning and chain of thought (chapter 12), one bullet each.
 """
@@ -20,6 +22,7 @@ from __future__ import annotations
 import numbers
 from collections.abc import Callable, Mapping, Sequence
 
+from halluc_lab.book.claims import ClaimTable
 from halluc_lab.evaluation.stats import Interval, said
 
 RATE = "hallucination rate"
@@ -167,3 +170,68 @@ def extensions_summary(*, steps: int, full_vs_before: Interval, frozen_vs_before
         f"{said(cot_vs_direct, 'CoT', 'direct', 'accuracy')}.\n\n"
         f"The chapter's tables hold {_places(disagreements, 'disagreement')} with the documents, "
         "each on the [errata page](../book/errata.md).")
+
+
+def hallucination_claims(table: ClaimTable, *, hard: str, hot: Interval,
+                         calibration: Mapping[str, float], drift: Interval, returned: Interval,
+                         medians: Sequence[float], gain_offset: int, gain: float,
+                         dpo_vs_sft: Interval, rlvr_vs_dpo: Interval,
+                         rag: Sequence[tuple[str, str, Interval, float]], prompt_tokens: int,
+                         max_positions: int, hybrid: Interval, inference_only: Interval,
+                         reader_vs_sft: Interval, top1_vs_oracle: Interval) -> ClaimTable:
+    """001 Part 3 §2–3's claims on hallucination and RAG, each beside what the lab measured, added
+    to ``table`` in the document's order. The Intervals are differences a − b of the hallucination
+    rate on the ``hard`` split (``hot``: τ = 1.5 − greedy; ``drift``, ``returned``: the shares of
+    answers that drift on or return after a forced wrong entity); ``calibration``: SFT's
+    "mean_conf_wrong", "confident_wrong" and "mean_conf_right"; ``rag``: (model, passages, Δ Hall,
+    ratio of the rates) per row; ``prompt_tokens``: the longest augmented prompt with ``<bos>`` and
+    the answer budget."""
+    table.check_sign("decoding rules 'affect Hall … even though π is unchanged': Hall(τ = 1.5) − "
+                     "Hall(greedy), SFT", hot, stated="≠ 0",
+                     note=said(hot, "τ = 1.5", "greedy", "SFT's Hall"))
+    conf = calibration["mean_conf_wrong"]
+    table.check("a hallucination is a false claim 'assigned high probability': mean confidence of "
+                "SFT's wrong answers", stated="high (> 0.5)", computed=round(conf, 3),
+                agrees=conf > 0.5, note=f"{calibration['confident_wrong']:.2f} of them above 0.5; "
+                f"right answers {calibration['mean_conf_right']:.2f}")
+    apart = drift.low > returned.high
+    table.check("a deviation 'propagates rather than being rapidly corrected': after a forced "
+                "wrong entity, coherent drift − return to the gold path", stated="> 0",
+                computed=f"{drift.estimate:.3f} vs {returned.estimate:.3f}", agrees=apart,
+                note="drift's interval above return's" if apart else "the intervals overlap")
+    table.check("'near-unit singular values': median singular value of each block's Jacobian, SFT",
+                stated="≈ 1", computed=", ".join(f"{m:.2f}" for m in medians),
+                agrees=all(0.5 < m < 2 for m in medians),
+                note="agrees when every block's median lies in (0.5, 2)")
+    table.check("'approximately neutral propagation': largest relative gain of "
+                f"∂h(L, t+{gain_offset})/∂h(0, t)", stated="≈ 1 (neither amplified nor suppressed)",
+                computed=round(gain, 3), agrees=0.5 < gain < 2, note="agrees within (0.5, 2)")
+    table.check_sign("preference alignment 'reduce[s] hallucination indirectly': Hall(DPO) − "
+                     f"Hall(SFT), {hard}", dpo_vs_sft, stated="< 0",
+                     note=said(dpo_vs_sft, "DPO", "SFT", "Hall"))
+    table.check_sign("RLVR's verifiable reward 'more explicitly suppress[es]' it: Hall(RLVR) − "
+                     f"Hall(DPO), {hard} (001 compares with RLHF, which chapter 9 tests; here the "
+                     "comparator is DPO)", rlvr_vs_dpo, stated="< 0",
+                     note=said(rlvr_vs_dpo, "RLVR", "DPO", "Hall"))
+    for model, passages, d, ratio in rag:
+        table.check(f"'Hall_RAG ≪ Hall', {model} with {passages} passages, {hard}",
+                    stated="≪ (ratio ≤ 0.5)", computed=f"Δ {d:+.3f}; ratio {ratio:.2f}",
+                    agrees=d.high < 0 and ratio <= 0.5,
+                    note=said(d, "with passages", "without", "Hall",
+                              exploratory=passages != "oracle"))
+    table.check("eq. (11): x′ = [z_1 : … : z_m] concat x with t′ ≤ Δ: the longest augmented prompt "
+                "(tokens, with <bos> and the answer budget) against the model's positions",
+                stated=f"≤ {max_positions}", computed=prompt_tokens,
+                agrees=prompt_tokens <= max_positions,
+                note="rag_prompt puts the passages first, best first, then the prompt")
+    table.check_sign("'hybrid search (dense + sparse), further constraining drift': Hall(fused top "
+                     f"4) − Hall(BM25 top 4), reader, {hard}", hybrid, stated="< 0",
+                     note=said(hybrid, "fused top 4", "BM25 top 4", "Hall"))
+    table.check("RAG is 'purely inference-time … no retraining': a model never trained with "
+                "passages gains from perfect ones", stated="Hall falls",
+                computed=format(inference_only, "+.3f"), agrees=inference_only.high < 0,
+                note=f"the reader − SFT, with the same passages: {reader_vs_sft:+.3f}")
+    table.check_sign("'effectiveness depends on retriever quality': Hall(BM25 top 1) − "
+                     "Hall(oracle), SFT + RAG reader", top1_vs_oracle, stated="> 0",
+                     note=said(top1_vs_oracle, "BM25 top 1", "oracle", "Hall"))
+    return table

@@ -4,6 +4,7 @@ every verdict, and the wording follows them."""
 import pytest
 
 from halluc_lab.book import summaries
+from halluc_lab.book.claims import ClaimTable
 from halluc_lab.evaluation.stats import Interval
 
 LOWER, HIGHER, OPEN = (
@@ -187,3 +188,38 @@ def test_extensions_summary_follows_the_planted_verdicts():
     assert "hold 3 disagreements with" in lower and "hold 1 disagreement with" in _extensions(
         LOWER, 1
     )
+
+
+def _claims(d, returned=Interval(0.01, 0.0, 0.02), prompt_tokens=40):
+    conf = {"mean_conf_wrong": 0.66, "confident_wrong": 0.7, "mean_conf_right": 0.8}
+    rag = [("SFT", "BM25 top 4", d, 0.4), ("SFT", "oracle", d, 0.6)]
+    return summaries.hallucination_claims(
+        ClaimTable("001"), hard="rare fact", hot=d, calibration=conf,
+        drift=Interval(0.77, 0.7, 0.84), returned=returned, medians=[1.05, 1.0], gain_offset=6,
+        gain=0.26, dpo_vs_sft=d, rlvr_vs_dpo=d,
+        rag=rag, prompt_tokens=prompt_tokens, max_positions=64, hybrid=d, inference_only=d,
+        reader_vs_sft=d, top1_vs_oracle=d)
+
+
+def test_hallucination_claims_agree_only_where_the_measurement_says_so():
+    lower, higher = _claims(LOWER), _claims(HIGHER)
+    by = {c.quantity.split(":")[0]: c for c in lower.claims}
+    assert len(lower.claims) == 13
+    assert by["preference alignment 'reduce[s] hallucination indirectly'"].agrees
+    assert by["preference alignment 'reduce[s] hallucination indirectly'"].note.startswith(
+        "DPO is lower than SFT in Hall"
+    )
+    dpo = "preference alignment 'reduce[s] hallucination indirectly': Hall(DPO) − Hall(SFT)"
+    assert not {c.quantity: c for c in higher.claims}[f"{dpo}, rare fact"].agrees
+    rag = [c for c in lower.claims if c.quantity.startswith("'Hall_RAG ≪ Hall'")]
+    assert [c.agrees for c in rag] == [True, False]  # the ratio 0.6 is not ≪
+    assert rag[0].note.startswith("(exploratory)") and not rag[1].note.startswith("(exploratory)")
+    top1 = lower.claims[-1]
+    assert top1.stated == "> 0" and not top1.agrees and higher.claims[-1].agrees
+    assert _claims(OPEN).claims[0].agrees is False  # "≠ 0" needs the interval off zero
+    drift = {c.quantity: c for c in lower.claims if "propagates" in c.quantity}
+    assert list(drift.values())[0].agrees
+    overlap = _claims(LOWER, returned=Interval(0.75, 0.7, 0.8))
+    assert not [c for c in overlap.claims if "propagates" in c.quantity][0].agrees
+    too_long = _claims(LOWER, prompt_tokens=65).claims
+    assert not [c for c in too_long if "eq. (11)" in c.quantity][0].agrees
