@@ -223,3 +223,30 @@ def test_hallucination_claims_agree_only_where_the_measurement_says_so():
     assert not [c for c in overlap.claims if "propagates" in c.quantity][0].agrees
     too_long = _claims(LOWER, prompt_tokens=65).claims
     assert not [c for c in too_long if "eq. (11)" in c.quantity][0].agrees
+
+
+def _reading(sft_answered=0.35, rag_follows=0.0, reader_oracle=LOWER, rag_oracle=OPEN,
+             wrong=HIGHER):
+    return summaries.reading_passages(
+        sft_answered=sft_answered, rag_answered=1.0, rag_follows=rag_follows, rag_oracle=rag_oracle,
+        reader_follows=0.16, reader_per_seed=[0.32, 0.04], reader_oracle=reader_oracle,
+        reader_vs_sft=LOWER, wrong_passage=wrong)
+
+
+def test_reading_passages_follows_each_planted_number():
+    text = _reading()
+    assert text.startswith("Shown passages it was never trained with, the SFT model answers")
+    assert "in only 35% of cases" in text and "(per seed: 32%, 4%)" in text
+    assert "SFT + RAG has learned the format (it answers 100% of them) but not to read" in text
+    assert "(exploratory) the reader with passages is lower than SFT without" in text
+    assert "a wrong first fact raises its rate by +0.200" in text
+    assert text.endswith("not as the purely inference-time step 001 describes.")
+    other = _reading(sft_answered=0.8, rag_follows=0.5, wrong=OPEN)
+    assert other.startswith("The SFT model answers the question in 80% of cases")
+    assert "SFT + RAG writes the passage's entity in 50% of the swapped answers." in other
+    assert "A wrong first fact changes its knowable-chain rate by +0.010" in other
+    assert not other.endswith("describes.")  # the SFT model reads the passages: no such conclusion
+    assert not _reading(reader_oracle=OPEN).endswith("describes.")
+    assert not _reading(rag_oracle=LOWER).endswith("describes.")
+    with pytest.raises(ValueError, match="sft_answered must be a share"):
+        _reading(sft_answered=35)
