@@ -57,6 +57,11 @@ def _cell(text: str) -> str:
     return _CODE.sub(r"<code>\1</code>", html.escape(text))
 
 
+# What a claim about a difference's sign needs of its interval (ClaimTable.check_sign).
+_SIDES = {"< 0": lambda d: d.high < 0, "> 0": lambda d: d.low > 0,
+          "≠ 0": lambda d: d.low > 0 or d.high < 0}
+
+
 class ClaimTable:
     """A titled list of claims checked against computed values; displays as a table."""
 
@@ -93,6 +98,16 @@ class ClaimTable:
                     rel is not None and diff <= rel * abs(float(stated)))
         self.claims.append(Claim(quantity, stated, computed, bool(agrees), note))
         return bool(agrees)
+
+    def check_sign(self, quantity: str, difference, *, stated: str, note: str = "") -> bool:
+        """Record a claim about the sign of a difference of arms (a ``stats.Interval``) and
+        return whether it agrees: ``stated`` is "< 0", "> 0" or "≠ 0", and the claim agrees only
+        where the whole interval lies on that side ("not resolved" is not agreement). The computed
+        column is the difference with its interval, signed, to three decimals."""
+        if stated not in _SIDES:
+            raise ValueError(f"stated must be one of {sorted(_SIDES)}, got {stated!r}")
+        return self.check(quantity, stated=stated, computed=format(difference, "+.3f"),
+                          agrees=_SIDES[stated](difference), note=note)
 
     @property
     def n_disagreements(self) -> int:

@@ -9,8 +9,8 @@ what ``<bksp>`` took back (§7.3) — is :mod:`halluc_lab.evaluation.scoring`, w
 are re-exported here, so a chapter imports one module.
 
 What a task means by "right" is always the task's own verifier (:meth:`Task.reward`,
-:meth:`Task.claims`). Nothing here branches on which task it is (:func:`fact_recall` probes a
-knowledge base and takes a :class:`~halluc_lab.tasks.kb_walk.KBWalk`).
+:meth:`Task.claims`). Nothing here branches on which task it is (:func:`fact_recall` and
+:func:`entity_recall` probe a knowledge base and take a :class:`~halluc_lab.tasks.kb_walk.KBWalk`).
 
 Departures and choices:
 
@@ -339,3 +339,19 @@ def fact_recall(model: torch.nn.Module, tok: Tokenizer, task: KBWalk) -> FactRec
         pred = model(ids)[:, -1].argmax(-1).tolist()  # (F,)
     recalled = tuple(tok.tokens[p] == task.facts[f] for p, f in zip(pred, facts))
     return FactRecall(facts, recalled, tuple(task.is_rare(*f) for f in facts), 1 / len(task.entities))
+
+
+@torch.no_grad()
+def entity_recall(model: torch.nn.Module, tok: Tokenizer, task: KBWalk,
+                  facts: Sequence[tuple[str, str]]) -> list[float]:
+    """Per fact (entity, relation): 1.0 where its answer is the likeliest *entity* at the point a
+    one-hop walk would state it (after ``<bos> e r = e r``), ranked among the world's entities
+    only, else 0.0: what a model believes, whether or not it would say it (chapter 12's safety)."""
+    if len(facts) == 0:
+        raise ValueError("facts must hold at least one (entity, relation) pair")
+    if missing := [f for f in facts if tuple(f) not in task.facts]:
+        raise ValueError(f"facts must be facts of the world; {missing[:3]} are not")
+    entity_ids = torch.tensor([tok.token_id(x) for x in task.entities])  # (E,)
+    probs = next_token_probs(model, tok, [f"{e} {r} = {e} {r}" for e, r in facts]).cpu()  # (F, V)
+    best = entity_ids[probs[:, entity_ids].argmax(-1)].tolist()  # (F,) the likeliest entity of each
+    return [float(b == tok.token_id(task.facts[tuple(f)])) for b, f in zip(best, facts)]

@@ -27,6 +27,9 @@ experiments call many times.
 - **recall@k** (:func:`recall_at_k`): the share of a query's relevant passages in its top k, averaged over
   the queries that have at least one; a query with none (an unanswerable chain's first pair) has no recall
   and is left out of the mean.
+- **Passage sets of an experiment**: a perfect retriever's (:func:`oracle_passages`), the same
+  among distractors (:func:`with_distractors`), and with the first fact's answer swapped
+  (:func:`swap_first_fact`).
 - **The augmented prompt** (:func:`rag_prompt`): eq. (11)'s x' as text.
 - **Fine-tuning to read**: :class:`halluc_lab.stages.sft.RetrievedContext` puts these passages in SFT prompts.
 
@@ -46,6 +49,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import random
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
@@ -129,6 +133,41 @@ def walk_passages(task, symbols: Sequence[str], ids: Mapping[tuple[str, str], in
         if fact not in out:  # a walk round a cycle looks a fact up twice
             out.append(fact)
     return out
+
+
+def oracle_passages(task, prompt: str, passages: Sequence[str] | None = None) -> list[str]:
+    """What a perfect multi-hop retriever returns for ``prompt``: the passages of its
+    :func:`supporting_passages`, in walk order (``passages``: the store, :func:`fact_passages`
+    when None)."""
+    passages = fact_passages(task) if passages is None else passages
+    return [passages[i] for i in supporting_passages(task, prompt)]
+
+
+def with_distractors(own: Sequence[str], passages: Sequence[str], n: int,
+                     rng: random.Random) -> list[str]:
+    """A prompt's own passages among ``n`` other passages of the store, drawn with ``rng`` and
+    shuffled in with them: a retriever that finds the right facts and some noise."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise ValueError(f"n must be an int >= 0, got {n!r}")
+    pool = [p for p in passages if p not in own]
+    if n > len(pool):
+        raise ValueError(f"n must be at most the {len(pool)} passages that are not the prompt's "
+                         f"own, got {n}")
+    mixed = [*own, *rng.sample(pool, n)]
+    rng.shuffle(mixed)
+    return mixed
+
+
+def swap_first_fact(task, example, own: Sequence[str], rng: random.Random) -> tuple[list[str], str]:
+    """The passages ``own`` (a prompt's :func:`oracle_passages`) with the first fact's answer
+    replaced by a plausible wrong entity (``task.plausible_error`` at the completion's first
+    answer), and that entity: does a model follow the passage or its memory? No passages:
+    ``([], "")``."""
+    if not own:
+        return [], ""
+    head, rel, _, dot = own[0].split()
+    fake = task.plausible_error(example, 2, rng)
+    return [f"{head} {rel} {fake} {dot}", *own[1:]], fake
 
 
 # ---------------------------------------------------------------- BM25 (sparse)

@@ -40,7 +40,7 @@ CORRECT, WRONG = "correct", "wrong"  # answer outcomes, with ABSTAINED ("abstain
 OUTCOMES = (CORRECT, WRONG, ABSTAINED)
 
 __all__ = ["CORRECT", "WRONG", "ABSTAINED", "OUTCOMES", "lam_for_target", "AnswerScores", "score_answers", "mistakes",
-           "mistakes_after_first", "erasures", "BackspaceUse", "backspace_use"]
+           "mistakes_after_first", "erasures", "BackspaceUse", "backspace_use", "written_tokens"]
 
 
 # -- answer outcomes with an abstain option (ARCHITECTURE.md §8) --------------------------------------------
@@ -242,3 +242,21 @@ def backspace_use(golds: Sequence[str], completions: Sequence[str]) -> Backspace
         erasing += bool(erased)
         right += bool(erased) and final == g.split()
     return BackspaceUse(len(golds), wrong, wrong_erased, n_erasures, erased_wrong, erasing, right)
+
+
+def written_tokens(completions: Sequence[str]) -> int:
+    """How many tokens the completions wrote: every symbol before ``<eos>`` but ``<bksp>`` and
+    ``<pad>``, erased ones included (the base against which :class:`BackspaceUse`'s wrong tokens are
+    a rate).
+
+    >>> written_tokens(["4 7 <bksp> 6 <eos> 9", "5"])
+    4
+    """
+    if isinstance(completions, str):
+        raise TypeError("completions must be a sequence of completion strings, not one string")
+    total = 0
+    for c in completions:
+        words = c.split()
+        words = words[:words.index(EOS)] if EOS in words else words
+        total += sum(w not in (BKSP, PAD) for w in words)
+    return total

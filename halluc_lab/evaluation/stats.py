@@ -22,7 +22,8 @@ methods) states a difference only where an interval excludes zero; the prose the
 - :func:`said` — the one verdict of the book: "A is higher than B in …", "A is lower than B in …"
   or "A − B in …: not resolved", the interval beside it, "(exploratory)" before a contrast the
   chapter did not pre-register. :func:`verdict` is its terse form for a table cell.
-- :func:`per_seed` — a chapter's results as the (seeds, prompts) grid every interval above takes.
+- :func:`per_seed` — a chapter's results as the (seeds, prompts) grid every interval above takes;
+  :func:`between`, the interval of one arm minus another from those grids.
 - :func:`reliability` — calibration (chapter 11): answers binned by the model's confidence, each bin's
   accuracy beside its mean confidence (the reliability diagram), and the expected calibration error
   ECE = Σ_b (n_b/N) |accuracy_b − confidence_b| (Guo et al., 2017) over equal-width bins.
@@ -242,6 +243,22 @@ def difference(a, b, *, confidence: float = CONFIDENCE, resamples: int = RESAMPL
     if _paired(a, b).shape[0] == 1:
         return paired_difference(a, b, confidence=confidence, resamples=resamples, seed=seed)
     return t_difference(a, b, confidence=confidence)
+
+
+def between(runs, a: tuple, b: tuple, metric: str, seeds, mask=None, *,
+            interval: Callable[..., Interval] = difference, **kw) -> Interval:
+    """Arm ``a`` minus arm ``b`` on one metric: ``interval`` (:func:`difference`, or
+    :func:`paired_difference` for the bootstrap) of their :func:`per_seed` grids, paired prompt by
+    prompt and seed by seed; ``kw`` goes to ``interval`` (``resamples=``, ``confidence=``).
+
+    >>> runs = {("rl", 0): {"wrong": [1, 0, 0]}, ("sft", 0): {"wrong": [1, 1, 0]}}
+    >>> between(runs, ("rl",), ("sft",), "wrong", [0], resamples=200).estimate
+    -0.3333333333333333
+    """
+    if not callable(interval):
+        raise TypeError(f"interval must be a function of two grids, got {interval!r}")
+    return interval(per_seed(runs, a, metric, seeds, mask), per_seed(runs, b, metric, seeds, mask),
+                    **kw)
 
 
 def verdict(difference: Interval, a: str = "A", b: str = "B") -> str:

@@ -55,3 +55,27 @@ def test_backticked_spans_render_as_code_in_the_html_table():
     assert "`" not in page
     assert "<code>tgt +=</code>" in page and "<code>:</code>" in page
     assert "<code>nn.Transformer</code> &amp; &lt;masks&gt;" in page  # the rest still escaped
+
+
+def test_a_sign_claim_agrees_only_where_the_interval_lies_on_the_stated_side():
+    from halluc_lab.evaluation.stats import Interval
+
+    below, above = Interval(-0.2, -0.3, -0.1), Interval(0.2, 0.1, 0.3)
+    across = Interval(0.0, -0.1, 0.1)
+    expected = {"< 0": (True, False, False), "> 0": (False, True, False),
+                "≠ 0": (True, True, False)}
+    for stated, agrees in expected.items():
+        t = ClaimTable("signs")
+        got = tuple(t.check_sign(f"Δ {i}", d, stated=stated, note="n")
+                    for i, d in enumerate((below, above, across)))
+        assert got == agrees and t.n_disagreements == agrees.count(False)
+    t = ClaimTable("computed")
+    t.check_sign("Δ", below, stated="< 0", note="why")
+    assert t.claims[0].computed == "-0.200 [-0.300, -0.100]" and t.claims[0].note == "why"
+
+
+def test_a_sign_claim_refuses_a_statement_that_is_not_a_sign():
+    from halluc_lab.evaluation.stats import Interval
+
+    with pytest.raises(ValueError, match="stated must be one of"):
+        ClaimTable("t").check_sign("Δ", Interval(0.1, 0.0, 0.2), stated="≪")

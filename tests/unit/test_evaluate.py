@@ -375,3 +375,54 @@ def test_fact_recall_reads_the_argmax_after_entity_and_relation():
     no_rare = KBWalk(KBWalkConfig(n_entities=12, n_relations=3, p_rare=0.0))
     with pytest.raises(ValueError, match="no rare facts"):
         fact_recall(model, no_rare.tokenizer(), no_rare).rare_rate
+
+
+# -- tokens written, and what a model believes ---------------------------------------------------------------
+def test_written_tokens_count_every_symbol_before_eos_but_bksp_and_pad():
+    from halluc_lab.evaluation.scoring import written_tokens
+
+    assert written_tokens(["4 7 <bksp> 6 <eos> 9 9", "5 <pad> <pad>", "<bksp> <eos>", "1 2 3"]) == 3 + 1 + 0 + 3
+    assert written_tokens([]) == 0
+    with pytest.raises(TypeError, match="not one string"):
+        written_tokens("4 7")
+
+
+def test_entity_recall_ranks_the_answer_among_the_entities_only():
+    from halluc_lab.evaluation.evaluate import entity_recall
+
+    tok = KB.tokenizer()
+    model = small_transformer(tok.vocab_size, seed=4)
+    facts = sorted(KB.facts)[:20]
+    got = entity_recall(model, tok, KB, facts)
+    probs = next_token_probs(model, tok, [f"{e} {r} = {e} {r}" for e, r in facts])
+    for (e, r), hit, p in zip(facts, got, probs):
+        best = max(KB.entities, key=lambda x: float(p[tok.token_id(x)]))  # the likeliest entity, not token
+        assert hit == float(best == KB.facts[(e, r)])
+    # The likeliest token is "=", not an entity: the likeliest *entity* decides.
+    fact = facts[0]
+    logits = torch.zeros(tok.vocab_size)
+    logits[tok.token_id("=")], logits[tok.token_id(KB.facts[fact])] = 10.0, 5.0
+    other = next(f for f in facts if KB.facts[f] != KB.facts[fact])
+    assert entity_recall(_Fixed(logits), tok, KB, [fact, other]) == [1.0, 0.0]
+
+
+class _Fixed(torch.nn.Module):
+    """The same next-token logits at every position."""
+
+    def __init__(self, logits):
+        super().__init__()
+        self.logits = torch.nn.Parameter(logits)
+
+    def forward(self, input_ids):
+        return self.logits.expand(*input_ids.shape, -1)
+
+
+def test_entity_recall_refuses_no_facts_and_pairs_that_are_not_facts():
+    from halluc_lab.evaluation.evaluate import entity_recall
+
+    tok = KB.tokenizer()
+    model = small_transformer(tok.vocab_size, seed=4)
+    with pytest.raises(ValueError, match="at least one"):
+        entity_recall(model, tok, KB, [])
+    with pytest.raises(ValueError, match="must be facts of the world"):
+        entity_recall(model, tok, KB, [_missing_pair(KB)])

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from halluc_lab.evaluation import retrieval
 from halluc_lab.foundations import lexical
 from halluc_lab.evaluation.retrieval import (BM25Retriever, DenseRetriever, FusedRetriever, embed, fact_passages, rag_prompt,
                                   recall_at_k, supporting_passages)
@@ -443,3 +444,38 @@ def test_counterfactual_share_is_validated():
     for bad in (-0.1, 1.5, float("nan"), True):
         with pytest.raises(ValueError, match="counterfactual"):
             RetrievedContext(counterfactual=bad)
+
+
+# -- the passage sets of the experiment ---------------------------------------------------------------------
+def test_oracle_passages_are_the_supporting_facts_in_walk_order(task, passages):
+    for e in task.examples("heldout", 30, seed=2):
+        got = retrieval.oracle_passages(task, e.prompt, passages)
+        assert got == [passages[i] for i in supporting_passages(task, e.prompt)]
+        assert retrieval.oracle_passages(task, e.prompt) == got  # the store by default
+        walk = e.completion.split()
+        assert [p.split()[:2] for p in got] == [walk[i - 1:i + 1] for i in range(1, 2 * len(got), 2)]
+
+
+def test_distractors_are_the_own_passages_among_n_others_and_the_rng_decides(task, passages):
+    e = next(e for e in task.examples("heldout", 50, seed=3) if supporting_passages(task, e.prompt))
+    own = retrieval.oracle_passages(task, e.prompt, passages)
+    mixed = retrieval.with_distractors(own, passages, 3, random.Random(1))
+    assert len(mixed) == len(own) + 3 == len(set(mixed)) and set(own) <= set(mixed)
+    assert mixed == retrieval.with_distractors(own, passages, 3, random.Random(1))
+    assert own == retrieval.oracle_passages(task, e.prompt, passages)  # own is left as it was
+    with pytest.raises(ValueError, match="n must be at most"):
+        retrieval.with_distractors(own, passages, len(passages), random.Random(1))
+    with pytest.raises(ValueError, match="n must be an int"):
+        retrieval.with_distractors(own, passages, -1, random.Random(1))
+
+
+def test_swapping_the_first_fact_changes_only_its_answer_to_a_wrong_entity(task, passages):
+    for e in task.examples("heldout", 40, seed=4):
+        own = retrieval.oracle_passages(task, e.prompt, passages)
+        swapped, fake = retrieval.swap_first_fact(task, e, own, random.Random(0))
+        if not own:
+            assert (swapped, fake) == ([], "")
+            continue
+        head, rel, right, _ = own[0].split()
+        assert swapped[0] == f"{head} {rel} {fake} ." and fake != right and fake in task.entities
+        assert swapped[1:] == own[1:]

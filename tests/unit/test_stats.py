@@ -267,3 +267,25 @@ def test_per_seed_stacks_one_row_per_seed_and_masks_prompts():
     assert stats.per_seed(runs, ("a",), "wrong", [0, 1], mask=[True, False, True]).shape == (2, 2)
     with pytest.raises(KeyError, match="seeds \\[5\\]"):
         stats.per_seed(runs, ("a",), "wrong", [0, 5])
+
+
+# -- one arm minus another, from the runs ----------------------------------------------------------------------
+def test_between_takes_each_arms_per_seed_grid_and_pairs_them():
+    rng = np.random.default_rng(5)
+    runs = {(arm, s): {"wrong": rng.integers(0, 2, 30).tolist()} for arm in ("rl", "sft") for s in (0, 1, 2)}
+    mask = np.arange(30) % 3 != 0
+    a, b = (stats.per_seed(runs, (arm,), "wrong", [0, 1, 2], mask) for arm in ("rl", "sft"))
+    assert stats.between(runs, ("rl",), ("sft",), "wrong", [0, 1, 2], mask) == difference(a, b)
+    boot = stats.between(runs, ("rl",), ("sft",), "wrong", [0, 1, 2], mask, interval=paired_difference,
+                         resamples=300)
+    assert boot == paired_difference(a, b, resamples=300)
+    flipped = stats.between(runs, ("sft",), ("rl",), "wrong", [0, 1, 2])
+    assert flipped.estimate == pytest.approx(-stats.between(runs, ("rl",), ("sft",), "wrong", [0, 1, 2]).estimate)
+
+
+def test_between_refuses_an_interval_that_is_not_a_function_and_a_missing_seed():
+    runs = {("rl", 0): {"wrong": [1, 0]}, ("sft", 0): {"wrong": [0, 0]}}
+    with pytest.raises(TypeError, match="interval must be a function"):
+        stats.between(runs, ("rl",), ("sft",), "wrong", [0], interval="t")
+    with pytest.raises(KeyError, match="under seeds"):
+        stats.between(runs, ("rl",), ("sft",), "wrong", [0, 1])
