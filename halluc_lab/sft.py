@@ -315,7 +315,7 @@ def retry_demonstration(tok: Tokenizer, task, example: Example, rng: random.Rand
     :func:`backspace_demonstration` does.
 
     >>> from halluc_lab.tasks.dead_ends import DeadEnds, DeadEndsConfig
-    >>> task = DeadEnds(DeadEndsConfig(reveal=1, n_nodes=5)); tok = task.tokenizer()
+    >>> task = DeadEnds(DeadEndsConfig(reveal=1, length=2, n_nodes=5)); tok = task.tokenizer()
     >>> ex = Example("0 1 , 1 2 , 0 3 , 3 4 / 0 4 =", "0 3 4")
     >>> seq = retry_demonstration(tok, task, ex, random.Random(0), wrong_targets=False)
     >>> tok.decode([t for t in seq.labels if t >= 0])
