@@ -78,8 +78,9 @@ def get(name: str, scale: str) -> Recipe:
                    how.seed)
     steps = plan.steps.get(stage) or _one_pass(draft)
     return dataclasses.replace(draft, train=TrainConfig(
-        steps=steps, lr=how.lr[scale], warmup_steps=min(100, steps // how.warmup_divisor), weight_decay=0.0,
-        log_every=50, checkpoint_every=max(1, min(200, steps // 4))))  # a killed run loses a quarter at most
+        steps=steps, lr=plan.lr.get(stage, how.lr[scale]),
+        warmup_steps=min(100, steps // how.warmup_divisor), weight_decay=0.0, log_every=50,
+        checkpoint_every=max(1, min(200, steps // 4))))  # a killed run loses a quarter at most
 
 
 def _one_pass(recipe: Recipe) -> int:

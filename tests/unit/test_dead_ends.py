@@ -1,5 +1,6 @@
 """Dead ends: a wrong first step shows k tokens later (or never), its verifier, and retry data."""
 
+import dataclasses
 import itertools
 import random
 
@@ -7,9 +8,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from halluc_lab import recipes
 from halluc_lab.data import IGNORE, encode_document
+from halluc_lab.device import setup
 from halluc_lab.scoring import score_answers
-from halluc_lab.sft import retry_demonstration
+from halluc_lab.sft import SFT, BackspaceConfig, retry_demonstration
 from halluc_lab.tasks import ABSTAINED, Arithmetic, DeadEnds, DeadEndsConfig, Example, make_task
 from halluc_lab.tasks.base import completion_symbols
 from halluc_lab.tasks.dead_ends import DOC_OVERHEAD, fit_tokens
@@ -218,3 +221,58 @@ def test_retry_demonstrations_for_sft_target_the_detour_or_leave_the_wrong_nodes
     assert dropped == list(range(prompt_len + 1, prompt_len + 4))  # 3 wrong nodes after the centre
     with pytest.raises(TypeError, match="DeadEnds"):
         retry_demonstration(tok, Arithmetic(), Example("1 + 1 =", "2"), random.Random(0))
+
+
+# -- where <bksp> enters: the registry's arms (the fair test's §3) -------------------------
+@pytest.mark.parametrize("scale", recipes.SCALES)
+def test_the_arms_differ_only_where_the_retry_data_enters(scale):
+    for k in ("k1", "k2", "k4"):
+        a, b, c = (recipes.get(f"dead_ends_{k}{n}", scale)
+                   for n in ("_retry-sft-retry", "-sft-retry", "-sft-clean"))
+        # (a) - (b): the pre-training corpus alone, token-matched
+        assert a.parent.task == dataclasses.replace(b.parent.task, retry_fraction=0.5)
+        assert (a.parent.train, a.stage, a.train) == (b.parent.train, b.stage, b.train)
+        # (b) - (c): the SFT data alone, from one pre-trained model
+        assert b.parent == c.parent and b.train == c.train
+        assert b.stage == dataclasses.replace(c.stage, retry=0.5) and c.stage.retry == 0
+        allowed, masked = (recipes.get(f"dead_ends_{k}_retry-{n}", scale)
+                           for n in ("rlvr-retry", "rlvr-retry-masked"))
+        assert allowed.parent == masked.parent == a  # RL from (a), <bksp> allowed and masked
+        assert allowed.stage.config.allow_bksp and not masked.stage.config.allow_bksp
+        assert masked.stage == dataclasses.replace(allowed.stage, config=dataclasses.replace(
+            allowed.stage.config, allow_bksp=False)) and masked.train == allowed.train
+        assert recipes.get(f"dead_ends_{k}-rlvr-retry", scale).parent == b  # RL from (b)
+        from_clean = recipes.get(f"dead_ends_{k}-rlvr-clean-bksp", scale)  # RL from (c)
+        assert from_clean.parent == c and from_clean.stage == allowed.stage
+    never = recipes.get("dead_ends_never-rlvr-clean-bksp", scale)
+    assert never.parent == recipes.get("dead_ends_never-sft-clean", scale)
+    assert not any(n.startswith(("dead_ends_never-sft-retry", "dead_ends_never_retry"))
+                   for n in recipes.NAMES)  # no dead end is written: nothing to take back
+
+
+def test_the_full_scale_pretraining_rate_is_the_dead_ends_worlds_own():
+    assert recipes.get("dead_ends_k2-pretrain", "full").train.lr == 1e-3  # the pilot's
+    assert recipes.get("path_star-pretrain", "full").train.lr == 2e-3  # every other task's
+
+
+def test_sft_retry_gives_half_its_examples_as_retry_demonstrations_and_clean_sft_none():
+    retry, clean = (recipes.get(f"dead_ends_k2-{s}", "smoke") for s in ("sft-retry", "sft-clean"))
+    tok = make_task(retry.task).tokenizer()
+    rows = recipes.training_rows(retry).input_ids
+    examples, bksp = (rows == tok.eos_id).sum().item(), (rows == tok.bksp_id).sum().item()
+    assert examples == retry.stage.n_examples and bksp % 3 == 0  # k + 1 = 3 per retry
+    assert 0.4 < bksp / 3 / examples < 0.6
+    assert not (recipes.training_rows(clean).input_ids == tok.bksp_id).any()
+    for kw, match in (({"retry": 1.5}, r"retry must be a number in \[0, 1\]"),
+                      ({"retry": True}, "retry must be a number"),
+                      ({"retry": 0.5, "backspace": BackspaceConfig()}, "retry and backspace")):
+        with pytest.raises(ValueError, match=match):
+            SFT(n_examples=10, **kw)
+
+
+def test_the_masked_arm_never_samples_a_bksp_where_the_allowed_arm_does():
+    rt = setup(scale="smoke", seed=0, verbose=False)
+    rates = {n: recipes.load(f"dead_ends_k2_retry-{n}", rt).history.metrics["bksp_rate"]
+             for n in ("rlvr-retry", "rlvr-retry-masked")}
+    assert rates["rlvr-retry-masked"] == [0.0] * len(rates["rlvr-retry-masked"])
+    assert sum(rates["rlvr-retry"]) > 0  # the same start: it takes tokens back when allowed

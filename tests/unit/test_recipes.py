@@ -73,9 +73,11 @@ def test_every_name_exists_at_smoke_scale_and_sft_starts_from_its_pretraining():
             # two backspace models and the own-errors model's control
             task, stage = name.split("-", 1)
             parent = (f"{task}-sft-clean" if name in ("path_star-sft-backspace", "path_star-sft-continued")
+                      or stage == "rlvr-clean-bksp"  # chapter 10's fair test, <bksp> allowed
                       or stage in ("dpo", "rsft", "rsft-soft", "ppo", "rlhf", "rlhf-agreeable", "rlvr", "sft-own-errors",
                                    "sft-corrections")
                       else f"{task}-sft-backspace" if stage in ("rlvr-bksp", "rlvr-bksp-masked", "rsft-bksp", "dpo-bksp")
+                      else f"{task}-sft-retry" if stage in ("rlvr-retry", "rlvr-retry-masked")
                       else f"{task}-sft-own-errors" if stage in ("rlvr-own", "rsft-own", "dpo-own")
                       else f"{task}-sft-corrections"
                       if stage in ("rlvr-corrections", "rsft-corrections", "dpo-corrections")
