@@ -20,6 +20,11 @@ Departures and choices:
   Where a space holds fewer than ``n`` problems the set is all of those found, and smaller.
 - :func:`forced_error` forces the error through the engine (the tokens before it are forced too, all
   marked as not sampled), so the model continues from a cache exactly as in free running.
+- :func:`best_of_n_matched` is the parallel baseline of a model that takes tokens back (chapter 10's
+  fair test; Qin et al. 2025 compare the two at fixed compute): N samples at τ = 1, N chosen so
+  that the N together spend the other arm's mean tokens per answer, one picked by a check the
+  model could run on its own output (the task's: the last node is the goal) and one by the
+  verifier, an upper bound.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from halluc_lab.generation.sampling import GREEDY, SamplingParams
 from halluc_lab.evaluation.scoring import (ABSTAINED, CORRECT, OUTCOMES, WRONG, AnswerScores, BackspaceUse,  # noqa: F401
                                 backspace_use, erasures, lam_for_target, mistakes, mistakes_after_first,
                                 score_answers)
+from halluc_lab.evaluation.scoring import answer_tokens, oracle_check, pick_first
 from halluc_lab.tasks.base import Example, Task, check_count
 from halluc_lab.tasks.kb_walk import KBWalk
 from halluc_lab.model.tokenizer import Tokenizer
@@ -158,6 +164,47 @@ def free_run(model: torch.nn.Module, tok: Tokenizer, examples: Sequence[Example]
     ``allow_bksp=False``: ``<bksp>`` masked out."""
     return complete(model, tok, [e.prompt for e in examples], answer_budget(examples),
                     sampling=sampling, generator=generator, allow_bksp=allow_bksp)
+
+
+@dataclass(frozen=True)
+class BestOfN:
+    """Best-of-N at matched tokens: N samples per prompt, one picked by a check the model could run
+    on its own output and one by the verifier (an upper bound)."""
+
+    n: int  # samples per prompt
+    tokens_per_answer: float  # mean tokens of all N samples of a prompt together, <eos> included
+    self_checked: AnswerScores  # the first sample that passes the task's own check (else the first)
+    oracle: AnswerScores  # the first correct sample (else the first): the upper bound
+
+
+def best_of_n_matched(model: torch.nn.Module, tok: Tokenizer, task: Task, prompts: Sequence[str],
+                      max_new_tokens: int, *, target_tokens: float,
+                      check: Callable[[str, str], bool], generator: torch.Generator,
+                      sampling: SamplingParams = SamplingParams(temperature=1.0),
+                      max_n: int = 64) -> BestOfN:
+    """Best-of-N whose N spends about ``target_tokens`` per answer (another arm's mean, e.g. a model
+    that takes tokens back): one sample per prompt measures a sample's mean tokens t,
+    N = round(target / t) (1 to ``max_n``), and N − 1 more samples are drawn. Picked by ``check``
+    (a task's own, e.g. ``DeadEnds.reaches_goal``) and by
+    :func:`~halluc_lab.evaluation.scoring.oracle_check`."""
+    if not prompts:
+        raise ValueError("prompts must hold at least one prompt")
+    if isinstance(target_tokens, bool) or not isinstance(target_tokens, (int, float)) or not (
+            math.isfinite(target_tokens) and target_tokens > 0):
+        raise ValueError(f"target_tokens must be a finite number > 0, got {target_tokens!r}")
+    check_count("max_n", max_n, 1)
+    first = complete(model, tok, prompts, max_new_tokens, sampling=sampling, generator=generator)
+    per_sample = sum(map(answer_tokens, first)) / len(first)
+    n = min(max_n, max(1, round(target_tokens / per_sample)))
+    groups = [[c] for c in first]
+    if n > 1:
+        more = complete(model, tok, [p for p in prompts for _ in range(n - 1)], max_new_tokens,
+                        sampling=sampling, generator=generator)
+        for i, g in enumerate(groups):
+            g += more[i * (n - 1):(i + 1) * (n - 1)]
+    spent = sum(answer_tokens(c) for g in groups for c in g) / len(groups)
+    return BestOfN(n, spent, score_answers(task, prompts, pick_first(prompts, groups, check)),
+                   score_answers(task, prompts, pick_first(prompts, groups, oracle_check(task))))
 
 
 # -- teacher forcing (002) ---------------------------------------------------------------------------

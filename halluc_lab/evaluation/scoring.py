@@ -30,7 +30,7 @@ Departures and choices:
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from halluc_lab.tasks.base import ABSTAINED, SUPPORTED, Task
@@ -40,7 +40,8 @@ CORRECT, WRONG = "correct", "wrong"  # answer outcomes, with ABSTAINED ("abstain
 OUTCOMES = (CORRECT, WRONG, ABSTAINED)
 
 __all__ = ["CORRECT", "WRONG", "ABSTAINED", "OUTCOMES", "lam_for_target", "AnswerScores", "score_answers", "mistakes",
-           "mistakes_after_first", "erasures", "BackspaceUse", "backspace_use", "written_tokens"]
+           "mistakes_after_first", "erasures", "BackspaceUse", "backspace_use", "written_tokens",
+           "answer_tokens", "pick_first", "oracle_check"]
 
 
 # -- answer outcomes with an abstain option (ARCHITECTURE.md §8) --------------------------------------------
@@ -129,6 +130,45 @@ def score_answers(task: Task, prompts: Sequence[str], completions: Sequence[str]
     marks = task.reward(prompts, completions, correct_reward=1.0, abstain_reward=0.0, wrong_reward=-1.0)
     name = {1.0: CORRECT, 0.0: ABSTAINED, -1.0: WRONG}
     return AnswerScores(tuple(prompts), tuple(name[m] for m in marks))
+
+
+# -- best-of-N: one answer picked from N samples ----------------------------------------------
+def answer_tokens(completion: str) -> int:
+    """Tokens an answer used as the model wrote it: every symbol up to its ``<eos>``, which counts,
+    take-backs included; padding and a leading ``<bos>`` do not.
+
+    >>> answer_tokens("0 3 <bksp> 4 <eos> <pad>")
+    5
+    """
+    n = 0
+    for p in completion.split():
+        if p in (PAD, BOS):
+            continue
+        n += 1
+        if p == EOS:
+            break
+    return n
+
+
+def pick_first(prompts: Sequence[str], groups: Sequence[Sequence[str]],
+               check: Callable[[str, str], bool]) -> list[str]:
+    """Per prompt, the first of its samples that passes ``check(prompt, completion)``, else its
+    first sample: best-of-N selection by a check (the task's own, which a model could run on its
+    output, or the verifier's, an upper bound: :func:`oracle_check`).
+
+    >>> pick_first(["p", "q"], [["a", "b"], ["c", "d"]], lambda p, c: c in "bx")
+    ['b', 'c']
+    """
+    if len(prompts) != len(groups) or any(len(g) == 0 for g in groups):
+        raise ValueError(f"groups must hold one non-empty list of samples per prompt, got "
+                         f"{len(groups)} groups for {len(prompts)} prompts")
+    return [next((c for c in g if check(p, c)), g[0]) for p, g in zip(prompts, groups)]
+
+
+def oracle_check(task: Task) -> Callable[[str, str], bool]:
+    """The verifier as a best-of-N check: whether a completion is exactly the gold answer (an upper
+    bound, as no model can run it on its own output)."""
+    return lambda prompt, completion: task.reward([prompt], [completion])[0] == 1.0
 
 
 # -- mistakes: Ross & Bagnell's cost (000 §7.2) --------------------------------------------------

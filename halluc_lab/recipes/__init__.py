@@ -85,7 +85,7 @@ def get(name: str, scale: str) -> Recipe:
     draft = Recipe(name, scale, plan.world, model, TrainConfig(steps=1, warmup_steps=0),
                    shape.batch_size, shape.seq_len, how.stage(plan),
                    None if parent is None else get(f"{task}-{parent}", scale), how.seed)
-    steps, lr = plan.steps.get(stage), how.lr[scale]
+    steps, lr = plan.steps.get(stage), plan.lr.get(stage, how.lr[scale])
     train = (_train(draft, lr, how.warmup_divisor, steps) if steps else
              Deferred(partial(_train, draft, lr, how.warmup_divisor)))
     return dataclasses.replace(draft, train=train)

@@ -46,6 +46,7 @@ class TaskPlan:
     ppo: PPOConfig | None = None  # the PPO stages' rounds (their steps and rate come from the tables here)
     reward_model: RewardModelPlan | None = None  # how RLHF fits its reward model
     rlvr: RLVRConfig | None = None  # the RLVR stages' rounds (their steps and rate come from the tables here)
+    lr: Mapping[str, float] = field(default_factory=dict)  # stage -> peak rate, if not the stage's
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,13 @@ def _sft(**changes) -> StagePlan:
 def _preference(stage: Callable[[TaskPlan], Stage], lr: Mapping[str, float], seed: int) -> StagePlan:
     """A chapter-9 stage, started from the task's clean SFT model (its reference policy)."""
     return StagePlan(stage, lr=lr, warmup_divisor=10, seed=seed, parent="sft-clean")
+
+
+def _rlvr(allow_bksp: bool, parent: str) -> StagePlan:
+    """Chapter 10's RLVR (GRPO, λ = 3, the task's rounds) with ``<bksp>`` allowed or masked."""
+    return StagePlan(lambda plan: RLVR(plan.preference_prompts, dataclasses.replace(
+        plan.rlvr, allow_bksp=allow_bksp), lam=RLVR_LAMBDA), lr={"smoke": 3e-4, "full": 2e-5},
+        warmup_divisor=10, seed=3, parent=parent)
 
 
 STAGE_PLANS = {
@@ -154,6 +162,14 @@ STAGE_PLANS = {
     "rlvr-own-direct": StagePlan(lambda plan: RLVR(plan.preference_prompts, plan.rlvr, lam=RLVR_LAMBDA),
                                  lr={"smoke": 3e-4, "full": 2e-5}, warmup_divisor=10, seed=3,
                                  parent="sft-own-errors-direct"),
+    # Chapter 10's fair test (tasks.dead_ends; the table of its worlds below says which has which):
+    # SFT on retry demonstrations (a wrong arm to its dead end, <bksp> back, the gold path) in half
+    # the examples, the share of the retry corpora; RLVR from it with <bksp> allowed and masked, and
+    # from clean SFT with it allowed, in the context the retry data keeps.
+    "sft-retry": _sft(retry=0.5),
+    "rlvr-retry": _rlvr(allow_bksp=True, parent="sft-retry"),
+    "rlvr-retry-masked": _rlvr(allow_bksp=False, parent="sft-retry"),
+    "rlvr-clean-bksp": _rlvr(allow_bksp=True, parent="sft-clean"),
 }
 # Chapter 10: chapter 9's RSFT and DPO from the two backspace starting points (random errors, the model's own
 # errors), with the same samples, steps and rates. Their samples may hold <bksp>, which stays in the context (as
@@ -256,24 +272,51 @@ for _scale, _icl, _icl_steps, _cot_documents, _sft_steps in (
         _plan, world=SycophancyConfig(_plan.world, p_stated=0.5, p_wrong=0.5),
         steps={"sft-clean": _sft_steps, "rlhf-agreeable": _PREFERENCE_STEPS[_scale]["ppo"],
                "rlhf": _PREFERENCE_STEPS[_scale]["ppo"], "rlvr": _PREFERENCE_STEPS[_scale]["rlvr"]})
-# Chapter 10's fair test (tasks.dead_ends): path-star graphs whose wrong first step meets a dead end k tokens
-# later (k = 1, 2, 4), or never (the control that behaves like kb_walk, answers as long as k = 2's). Each k has
-# a clean corpus and a retry corpus (half its documents walk a wrong arm to its leaf, <bksp> back to the centre,
-# then the gold path; Ye et al. 2024), token-matched, so the arms differ only in the retry data. Pre-training
-# steps are given, the same for both corpora of a k (token-matched corpora pack into different row counts). A
-# one-seed pilot of the clean models' teacher-forced look-up (book/results/rlvr.md) found these sizes not yet
-# right: at k = 1, 2 the clean model is at the ceiling, at k = 4 and never its look-up has not formed.
-_DEAD_ENDS = {"smoke": dict(n_nodes=16, pretrain_tokens=200_000), "full": dict(n_nodes=20, pretrain_tokens=16_000_000)}
-_DEAD_ENDS_STEPS = {"smoke": 300, "full": 6000}
+# Chapter 10's fair test (tasks.dead_ends): path-star graphs, degree 2, whose answer walks the
+# goal's arm of L = 5 nodes (four hops back from the goal find the first step) and whose wrong arms
+# meet a dead end k tokens after their first node (k = 1, 2, 4), or never (every arm one node longer
+# than the answer: the control that behaves like kb_walk). Sizes from a one-seed pilot on an H200
+# (book/results/rlvr.md): with 14 labels, 2,500 steps of 128 × 128 tokens and a pre-training rate of
+# 1e-3, every clean world's teacher-forced look-up was 1.000 (at 2e-3 the never world's was 0.285,
+# at 4e-3 none formed; with 20 labels k = 4's and never's did not form either; 1,000 steps of 512
+# rows left k = 4's at 0.765). A first sizing with arms of k + 1 nodes had the first step solved
+# from the goal at k = 1, 2. Where <bksp> enters (the fair test's §3), each k has
+#   (a) the retry corpus in pre-training (half its documents walk a wrong arm to its leaf, <bksp>
+#       back to the centre, then the gold path; Ye et al. 2024), then SFT on the same mix of
+#       retry demonstrations: dead_ends_k*_retry-sft-retry;
+#   (b) the clean, token-matched corpus, then that SFT (retry only in fine-tuning):
+#       dead_ends_k*-sft-retry;
+#   (c) the clean corpus, then clean SFT (none): dead_ends_k*-sft-clean;
+# so (a) − (b) changes the pre-training corpus alone and (b) − (c) the SFT data alone, at equal
+# steps. RLVR (chapter 10's GRPO, +1 / 0 / −λ with <abstain>) from each with <bksp> allowed
+# (rlvr-retry from (a) and (b), rlvr-clean-bksp from (c)), and from (a) with <bksp> masked during
+# RL (rlvr-retry-masked): the same start. SFT's 300 steps and RLVR's 100 rounds (chapter 10's)
+# were not in the pilot. RLVR's answer budget (evaluate.answer_budget: 2 × 6 + 4 = 16) holds k = 4's
+# whole detour and answer (16 symbols) but not its <eos>; the verifier reads such an answer as
+# written. At smoke scale each recipe trains in seconds.
+_DEAD_ENDS = {"smoke": dict(n_nodes=14, pretrain_tokens=50_000),
+              "full": dict(n_nodes=14, pretrain_tokens=16_000_000)}
+_DEAD_ENDS_STEPS = {"smoke": {"pretrain": 40, "sft": 10, "rlvr": 4},
+                    "full": {"pretrain": 2500, "sft": 300, "rlvr": 100}}
+_DEAD_ENDS_RLVR = {"smoke": RLVRConfig(prompts_per_iteration=8, samples_per_prompt=4),
+                   "full": RLVRConfig(prompts_per_iteration=64, samples_per_prompt=8)}
 for _scale in SCALES:
-    for _k, _world in (("k1", dict(reveal=1)), ("k2", dict(reveal=2)), ("k4", dict(reveal=4)),
-                       ("never", dict(reveal=None, steps=3))):
-        for _suffix, _retry in (("", 0.0), ("_retry", 0.5)):
-            if _world["reveal"] is None and _retry:
+    _n = _DEAD_ENDS_STEPS[_scale]
+    _clean = {"sft-clean": _n["sft"], "rlvr-clean-bksp": _n["rlvr"]}
+    _retry_sft = {"sft-retry": _n["sft"], "rlvr-retry": _n["rlvr"]}
+    for _k, _reveal in (("k1", 1), ("k2", 2), ("k4", 4), ("never", None)):
+        for _suffix, _retry, _stages in (
+                ("", 0.0, _clean | (_retry_sft if _reveal else {})),
+                ("_retry", 0.5, _retry_sft | {"rlvr-retry-masked": _n["rlvr"]})):
+            if _reveal is None and _retry:
                 continue  # no dead end is ever written: nothing to take back
             TASK_PLANS[f"dead_ends_{_k}{_suffix}", _scale] = TaskPlan(
-                DeadEndsConfig(degree=2, retry_fraction=_retry, **_world, **_DEAD_ENDS[_scale]),
-                SFT(n_examples=3000 if _scale == "smoke" else 50_000), {"pretrain": _DEAD_ENDS_STEPS[_scale]})
+                DeadEndsConfig(degree=2, reveal=_reveal, length=5, retry_fraction=_retry,
+                               **_DEAD_ENDS[_scale]),
+                SFT(n_examples=500 if _scale == "smoke" else 50_000),
+                {"pretrain": _n["pretrain"], **_stages},
+                preference_prompts=64 if _scale == "smoke" else 3072, rlvr=_DEAD_ENDS_RLVR[_scale],
+                lr={"pretrain": 1e-3} if _scale == "full" else {})
 TASKS = tuple(dict.fromkeys(task for task, _ in TASK_PLANS))
 # A stage exists for a task when the task's plan gives it steps (pre-training: one pass, always).
 _PARTS = {f"{task}-{stage}": (task, stage) for task in TASKS for stage in STAGES

@@ -315,7 +315,7 @@ def retry_demonstration(tok: Tokenizer, task, example: Example, rng: random.Rand
     :func:`backspace_demonstration` does.
 
     >>> from halluc_lab.tasks.dead_ends import DeadEnds, DeadEndsConfig
-    >>> task = DeadEnds(DeadEndsConfig(reveal=1, n_nodes=5)); tok = task.tokenizer()
+    >>> task = DeadEnds(DeadEndsConfig(reveal=1, length=2, n_nodes=5)); tok = task.tokenizer()
     >>> ex = Example("0 1 , 1 2 , 0 3 , 3 4 / 0 4 =", "0 3 4")
     >>> seq = retry_demonstration(tok, task, ex, random.Random(0), wrong_targets=False)
     >>> tok.decode([t for t in seq.labels if t >= 0])
@@ -343,6 +343,7 @@ class SFT(Stage):
     backspace: BackspaceConfig | None = None  # inject errors + <bksp> + correction (000 §7.3); None: clean
     scheduled_sampling: float = 0.0  # final rate of scheduled sampling, ramped up linearly from 0 (002)
     retrieved: RetrievedContext | None = None  # passages prepended to a share of the prompts (001 eq. 11); None: plain
+    retry: float = 0.0  # share of examples as retry demonstrations (dead_ends: a detour taken back)
 
     def __post_init__(self):
         if not isinstance(self.n_examples, int) or isinstance(self.n_examples, bool) or self.n_examples < 1:
@@ -358,10 +359,16 @@ class SFT(Stage):
             raise ValueError(f"scheduled_sampling must be in [0, 1], got {self.scheduled_sampling!r}")
         if self.retrieved is not None and not isinstance(self.retrieved, RetrievedContext):
             raise TypeError(f"retrieved must be a RetrievedContext or None, got {type(self.retrieved).__name__}")
+        real = isinstance(self.retry, (int, float)) and not isinstance(self.retry, bool)
+        if not (real and 0.0 <= self.retry <= 1.0):
+            raise ValueError(f"retry must be a number in [0, 1], got {self.retry!r}")
+        if self.retry > 0 and self.backspace is not None:
+            raise ValueError("retry and backspace are two layouts of a take-back: give one, got "
+                             f"retry={self.retry!r} and a BackspaceConfig")
 
     def rows(self, recipe: Recipe) -> Batch:
-        """The examples (with retrieved passages and backspace demonstrations if asked), the replayed documents,
-        shuffled and packed.
+        """The examples (with retrieved passages, and backspace or retry demonstrations, if asked),
+        the replayed documents, shuffled and packed.
 
         Retrieved context (:meth:`RetrievedContext.augment`) replaces an example's prompt after the examples
         are drawn, with the stage's ``rng``; with backspace demonstrations as well, errors are injected in
@@ -378,6 +385,8 @@ class SFT(Stage):
                 ex = self.retrieved.augment(task, ex, rng)
             if self.backspace is not None:
                 seqs += backspace_demonstration(tok, task, ex, self.backspace, rng)
+            elif self.retry > 0 and rng.random() < self.retry:
+                seqs.append(retry_demonstration(tok, task, ex, rng))
             else:
                 seqs.append(encode_example(tok, ex, completion_only=self.completion_only))
         if self.replay_fraction > 0:

@@ -1,5 +1,6 @@
 """Dead ends: a wrong first step shows k tokens later (or never), its verifier, and retry data."""
 
+import dataclasses
 import itertools
 import random
 
@@ -7,9 +8,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from halluc_lab import recipes
 from halluc_lab.training.data import IGNORE, encode_document
+from halluc_lab.device import setup
 from halluc_lab.evaluation.scoring import score_answers
-from halluc_lab.stages.sft import retry_demonstration
+from halluc_lab.stages.sft import SFT, BackspaceConfig, retry_demonstration
 from halluc_lab.tasks import ABSTAINED, Arithmetic, DeadEnds, DeadEndsConfig, Example, make_task
 from halluc_lab.tasks.base import completion_symbols
 from halluc_lab.tasks.dead_ends import DOC_OVERHEAD, fit_tokens
@@ -17,9 +20,11 @@ from halluc_lab.tasks.dead_ends import DOC_OVERHEAD, fit_tokens
 REVEALS = (1, 2, 4)
 
 
+L = 5  # the answer's nodes after the centre
+
+
 def task_of(reveal: int | None, **kw) -> DeadEnds:
-    steps = None if reveal is not None else 3
-    return DeadEnds(DeadEndsConfig(reveal=reveal, steps=steps, n_nodes=24, **kw))
+    return DeadEnds(DeadEndsConfig(reveal=reveal, length=L, n_nodes=24, **kw))
 
 
 def arms(task: DeadEnds, prompt: str) -> list[list[str]]:
@@ -42,7 +47,7 @@ def test_a_wrong_first_node_meets_its_dead_end_exactly_k_tokens_later(k):
     for ex in task.examples("train", 50, seed=0) + task.examples("heldout", 50, seed=0):
         gold = ex.completion.split()
         _, centre, goal = task.parse(ex.prompt)
-        assert len(gold) == k + 2 and gold[0] == centre and gold[-1] == goal  # the goal is named
+        assert len(gold) == L + 1 and gold[0] == centre and gold[-1] == goal  # the goal is named
         wrong_arms = [a for a in arms(task, ex.prompt) if a[1] != gold[1]]
         assert len(wrong_arms) == 2 and all(len(a) == k + 2 for a in wrong_arms)
         for arm in wrong_arms:
@@ -52,14 +57,23 @@ def test_a_wrong_first_node_meets_its_dead_end_exactly_k_tokens_later(k):
         assert not any(task.dead_end(ex.prompt, p) for p in prefixes)
 
 
+def test_the_answer_and_its_backward_chain_are_as_long_whatever_k():
+    for reveal in (*REVEALS, None):
+        task = task_of(reveal)
+        for ex in task.examples("train", 20, seed=4):
+            assert len(ex.completion.split()) == L + 1
+            goal_arm = next(a for a in arms(task, ex.prompt) if a[1] == ex.completion.split()[1])
+            assert len(goal_arm) == (L + 1 if reveal else L + 2)  # centre included; never: one past
+
+
 def test_never_walks_a_wrong_arm_to_the_answers_end_without_a_dead_end():
     task = task_of(None)
     for ex in task.examples("train", 50, seed=1):
         gold = ex.completion.split()
         _, centre, goal = task.parse(ex.prompt)
-        assert len(gold) == 1 + 3 and goal not in gold  # the goal: the leaf one past the answer
+        assert len(gold) == 1 + L and goal not in gold  # the goal: the leaf one past the answer
         for arm in arms(task, ex.prompt):
-            assert len(arm) == 1 + 4
+            assert len(arm) == 1 + L + 1
             assert (arm[-1] == goal) == (arm[1] == gold[1])
             prefixes = [" ".join(arm[:i]) for i in range(1, len(gold) + 1)]
             assert not any(task.dead_end(ex.prompt, p) for p in prefixes)
@@ -67,7 +81,7 @@ def test_never_walks_a_wrong_arm_to_the_answers_end_without_a_dead_end():
 
 @pytest.mark.parametrize("degree", (2, 4))
 def test_a_first_step_without_search_is_right_about_one_time_in_degree(degree):
-    task = DeadEnds(DeadEndsConfig(degree=degree, reveal=2, n_nodes=40))
+    task = DeadEnds(DeadEndsConfig(degree=degree, reveal=2, length=L, n_nodes=40))
     exs = task.examples("train", 2000, seed=0)
     first_listed = [next(v for u, v in (e.split() for e in ex.prompt.split("/")[0].split(","))
                          if u == ex.completion.split()[0]) for ex in exs]
@@ -91,22 +105,45 @@ def test_the_verifier_scores_right_wrong_and_abstained(k):
     assert task.reward([ex.prompt] * 3, answers[:3], wrong_reward=-3.0) == [1.0, -3.0, 0.0]
     claims = task.claims(ex.prompt, answers[2])
     assert [c.status for c in claims] == ["supported", ABSTAINED] and not claims[-1].correct
-    assert [c.status for c in task.claims(ex.prompt, answers[1])] == ["supported"] * len(gold)
+    assert [c.status for c in task.claims(ex.prompt, answers[1])] == ["supported"] * len(wrong)
+
+
+@pytest.mark.parametrize("k", (*REVEALS, None))
+def test_the_models_own_check_passes_a_walk_from_the_centre_to_the_goal_and_nothing_else(k):
+    task = task_of(k)
+    for ex in task.examples("heldout", 20, seed=5):
+        gold = ex.completion.split()
+        edges, centre, goal = task.parse(ex.prompt)
+        wrong = next(a for a in arms(task, ex.prompt) if a[1] != gold[1])[:len(gold)]
+        assert task.reaches_goal(ex.prompt, ex.completion)
+        assert task.reaches_goal(ex.prompt, f"{ex.completion} <eos> 3 3")
+        assert not task.reaches_goal(ex.prompt, " ".join(wrong))
+        assert not task.reaches_goal(ex.prompt, " ".join(gold[:-1]))  # stopped short
+        if k is not None:
+            assert task.reaches_goal(ex.prompt, task.retry_completion(ex, random.Random(0)))
+            jump = [centre, *gold[2:], goal]  # the goal last, but an edge skipped
+            assert not task.reaches_goal(ex.prompt, " ".join(jump[:len(gold)]))
+        # the check knows no gold answer: a walk from the centre ending at the goal is the gold one
+        assert task.reward([ex.prompt], [ex.completion]) == [1.0]
 
 
 def test_config_rejects_what_it_cannot_build_with_named_errors():
     for kw, match in (({"degree": 1}, "degree must be"), ({"reveal": 0}, "reveal must be"),
-                      ({"reveal": 2, "steps": 3}, "steps must be None"),
-                      ({"reveal": None}, "steps must be"),
-                      ({"reveal": None, "steps": 2, "retry_fraction": 0.5},
-                       "retry_fraction must be 0"),
+                      ({"reveal": 5}, r"reveal must be an int in \[1, 4\]"),
+                      ({"reveal": 3, "length": 3}, r"reveal must be an int in \[1, 2\]"),
+                      ({"length": 1}, "length must be an int >= 2"),
+                      ({"reveal": None, "retry_fraction": 0.5}, "retry_fraction must be 0"),
                       ({"retry_fraction": 1.0}, r"retry_fraction must be in \[0, 1\)"),
                       ({"retry_fraction": float("nan")}, "retry_fraction must be"),
                       ({"heldout_fraction": 0.0}, "heldout_fraction must be"),
-                      ({"n_nodes": 6}, r"n_nodes must be an int >= 1 \+ degree \* arm nodes = 7"),
+                      ({"n_nodes": 8}, r"n_nodes must be an int >= 1 \+ the goal's arm \+ "
+                                       r"\(degree - 1\) \* a wrong arm = 9"),
+                      ({"reveal": None, "n_nodes": 12}, r"= 13, got 12"),
                       ({"pretrain_tokens": 0}, "pretrain_tokens must be")):
         with pytest.raises(ValueError, match=match):
             DeadEndsConfig(**kw)
+    DeadEndsConfig(n_nodes=9)
+    DeadEndsConfig(reveal=None, n_nodes=13)
     with pytest.raises(TypeError, match="DeadEndsConfig"):
         DeadEnds(Arithmetic().config)
     assert isinstance(make_task(DeadEndsConfig()), DeadEnds)
@@ -184,3 +221,58 @@ def test_retry_demonstrations_for_sft_target_the_detour_or_leave_the_wrong_nodes
     assert dropped == list(range(prompt_len + 1, prompt_len + 4))  # 3 wrong nodes after the centre
     with pytest.raises(TypeError, match="DeadEnds"):
         retry_demonstration(tok, Arithmetic(), Example("1 + 1 =", "2"), random.Random(0))
+
+
+# -- where <bksp> enters: the registry's arms (the fair test's §3) -------------------------
+@pytest.mark.parametrize("scale", recipes.SCALES)
+def test_the_arms_differ_only_where_the_retry_data_enters(scale):
+    for k in ("k1", "k2", "k4"):
+        a, b, c = (recipes.get(f"dead_ends_{k}{n}", scale)
+                   for n in ("_retry-sft-retry", "-sft-retry", "-sft-clean"))
+        # (a) - (b): the pre-training corpus alone, token-matched
+        assert a.parent.task == dataclasses.replace(b.parent.task, retry_fraction=0.5)
+        assert (a.parent.train, a.stage, a.train) == (b.parent.train, b.stage, b.train)
+        # (b) - (c): the SFT data alone, from one pre-trained model
+        assert b.parent == c.parent and b.train == c.train
+        assert b.stage == dataclasses.replace(c.stage, retry=0.5) and c.stage.retry == 0
+        allowed, masked = (recipes.get(f"dead_ends_{k}_retry-{n}", scale)
+                           for n in ("rlvr-retry", "rlvr-retry-masked"))
+        assert allowed.parent == masked.parent == a  # RL from (a), <bksp> allowed and masked
+        assert allowed.stage.config.allow_bksp and not masked.stage.config.allow_bksp
+        assert masked.stage == dataclasses.replace(allowed.stage, config=dataclasses.replace(
+            allowed.stage.config, allow_bksp=False)) and masked.train == allowed.train
+        assert recipes.get(f"dead_ends_{k}-rlvr-retry", scale).parent == b  # RL from (b)
+        from_clean = recipes.get(f"dead_ends_{k}-rlvr-clean-bksp", scale)  # RL from (c)
+        assert from_clean.parent == c and from_clean.stage == allowed.stage
+    never = recipes.get("dead_ends_never-rlvr-clean-bksp", scale)
+    assert never.parent == recipes.get("dead_ends_never-sft-clean", scale)
+    assert not any(n.startswith(("dead_ends_never-sft-retry", "dead_ends_never_retry"))
+                   for n in recipes.NAMES)  # no dead end is written: nothing to take back
+
+
+def test_the_full_scale_pretraining_rate_is_the_dead_ends_worlds_own():
+    assert recipes.get("dead_ends_k2-pretrain", "full").train.lr == 1e-3  # the pilot's
+    assert recipes.get("path_star-pretrain", "full").train.lr == 2e-3  # every other task's
+
+
+def test_sft_retry_gives_half_its_examples_as_retry_demonstrations_and_clean_sft_none():
+    retry, clean = (recipes.get(f"dead_ends_k2-{s}", "smoke") for s in ("sft-retry", "sft-clean"))
+    tok = make_task(retry.task).tokenizer()
+    rows = recipes.training_rows(retry).input_ids
+    examples, bksp = (rows == tok.eos_id).sum().item(), (rows == tok.bksp_id).sum().item()
+    assert examples == retry.stage.n_examples and bksp % 3 == 0  # k + 1 = 3 per retry
+    assert 0.4 < bksp / 3 / examples < 0.6
+    assert not (recipes.training_rows(clean).input_ids == tok.bksp_id).any()
+    for kw, match in (({"retry": 1.5}, r"retry must be a number in \[0, 1\]"),
+                      ({"retry": True}, "retry must be a number"),
+                      ({"retry": 0.5, "backspace": BackspaceConfig()}, "retry and backspace")):
+        with pytest.raises(ValueError, match=match):
+            SFT(n_examples=10, **kw)
+
+
+def test_the_masked_arm_never_samples_a_bksp_where_the_allowed_arm_does():
+    rt = setup(scale="smoke", seed=0, verbose=False)
+    rates = {n: recipes.load(f"dead_ends_k2_retry-{n}", rt).history.metrics["bksp_rate"]
+             for n in ("rlvr-retry", "rlvr-retry-masked")}
+    assert rates["rlvr-retry-masked"] == [0.0] * len(rates["rlvr-retry-masked"])
+    assert sum(rates["rlvr-retry"]) > 0  # the same start: it takes tokens back when allowed

@@ -15,10 +15,12 @@ from halluc_lab.evaluation.evaluate import (ABSTAINED, CORRECT, WRONG, AnswerSco
                                  backspace_use, complete, distinct_examples, distinct_examples_by_length, erasures,
                                  fact_recall, forced_error, free_run, lam_for_target, mean_nll, mistakes,
                                  mistakes_after_first, next_token_probs, score_answers, teacher_forced)
+from halluc_lab.evaluation.evaluate import answer_tokens, best_of_n_matched, oracle_check, pick_first
 from halluc_lab.training.losses import causal_lm_loss
 from halluc_lab.generation.sampling import ConflictingSamplingParams, SamplingParams
 from halluc_lab.tasks import (SUPPORTED, Arithmetic, ArithmeticConfig, Example, KBWalk, KBWalkConfig, PathStar,
                               PathStarConfig)
+from halluc_lab.tasks import DeadEnds, DeadEndsConfig
 from halluc_lab.tasks.base import split_of
 from tests.unit._tiny_lm import small_transformer
 
@@ -426,3 +428,60 @@ def test_entity_recall_refuses_no_facts_and_pairs_that_are_not_facts():
         entity_recall(model, tok, KB, [])
     with pytest.raises(ValueError, match="must be facts of the world"):
         entity_recall(model, tok, KB, [_missing_pair(KB)])
+
+
+# -- best-of-N at matched tokens --------------------------------------------------------------
+DEAD = DeadEnds(DeadEndsConfig(reveal=1, length=3, n_nodes=12))
+
+
+def test_answer_tokens_count_every_written_token_up_to_the_eos():
+    assert answer_tokens("<bos> 0 3 <bksp> 4 <eos> <pad> 5") == 5
+    assert answer_tokens("0 3 4") == 3 and answer_tokens("") == 0
+
+
+def test_best_of_n_picks_the_first_sample_its_check_passes_and_the_oracle_the_first_right_one():
+    ex = DEAD.examples("heldout", 1, seed=0)[0]
+    gold = ex.completion.split()
+    centre = gold[0]
+    wrong = next(v for u, v in DEAD.parse(ex.prompt)[0] if u == centre and v != gold[1])
+    short = " ".join(gold[:-1])  # a start of the gold path: neither check passes it
+    group = [f"{centre} {wrong}", short, ex.completion, DEAD.retry_completion(ex, random.Random(0))]
+    assert pick_first([ex.prompt], [group], DEAD.reaches_goal) == [ex.completion]
+    assert pick_first([ex.prompt], [group], oracle_check(DEAD)) == [ex.completion]
+    none_right = group[:2]
+    assert pick_first([ex.prompt], [none_right], oracle_check(DEAD)) == [group[0]]  # the first
+    with pytest.raises(ValueError, match="one non-empty list of samples per prompt"):
+        pick_first([ex.prompt], [[]], DEAD.reaches_goal)
+    with pytest.raises(ValueError, match="one non-empty list"):
+        pick_first([ex.prompt, ex.prompt], [group], DEAD.reaches_goal)
+
+
+def test_best_of_n_draws_as_many_samples_as_match_the_target_tokens():
+    tok = DEAD.tokenizer()
+    model = small_transformer(tok.vocab_size, seed=3)
+    prompts = [e.prompt for e in DEAD.examples("heldout", 6, seed=1)]
+    hot = SamplingParams(temperature=1.0)
+    first = complete(model, tok, prompts, 8, sampling=hot,
+                     generator=torch.Generator().manual_seed(4))
+    per_sample = sum(map(answer_tokens, first)) / len(first)
+
+    def best(target, max_n=64, seed=4):
+        g = torch.Generator().manual_seed(seed)
+        return best_of_n_matched(model, tok, DEAD, prompts, 8, target_tokens=target,
+                                 check=DEAD.reaches_goal, generator=g, max_n=max_n)
+
+    for target, max_n in ((3 * per_sample, 64), (100.0, 64), (100.0, 2), (0.1, 64)):
+        res = best(target, max_n)
+        assert res.n == min(max_n, max(1, round(target / per_sample)))
+        assert res.n <= res.tokens_per_answer <= 8 * res.n  # every sample spends 1 to 8 tokens
+        assert res.self_checked.prompts == res.oracle.prompts == tuple(prompts)
+        assert res.oracle.count(CORRECT) >= res.self_checked.count(CORRECT)
+    assert best(0.1).tokens_per_answer == per_sample  # N = 1: the first samples alone
+    for bad in (0, -1.0, float("nan"), float("inf"), True):
+        with pytest.raises(ValueError, match="target_tokens must be a finite number > 0"):
+            best(bad)
+    with pytest.raises(ValueError, match="max_n must be"):
+        best(9.0, max_n=0)
+    with pytest.raises(ValueError, match="prompts must hold"):
+        best_of_n_matched(model, tok, DEAD, [], 8, target_tokens=9.0, check=DEAD.reaches_goal,
+                          generator=torch.Generator())

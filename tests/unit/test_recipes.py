@@ -77,9 +77,11 @@ def test_every_name_exists_at_smoke_scale_and_sft_starts_from_its_pretraining():
             # two backspace models and the own-errors model's control
             task, stage = name.split("-", 1)
             parent = (f"{task}-sft-clean" if name in ("path_star-sft-backspace", "path_star-sft-continued")
+                      or stage == "rlvr-clean-bksp"  # chapter 10's fair test, <bksp> allowed
                       or stage in ("dpo", "rsft", "rsft-soft", "ppo", "rlhf", "rlhf-agreeable", "rlvr", "sft-own-errors",
                                    "sft-corrections", "sft-own-errors-direct")
                       else f"{task}-sft-backspace" if stage in ("rlvr-bksp", "rlvr-bksp-masked", "rsft-bksp", "dpo-bksp")
+                      else f"{task}-sft-retry" if stage in ("rlvr-retry", "rlvr-retry-masked")
                       else f"{task}-sft-own-errors" if stage in ("rlvr-own", "rsft-own", "dpo-own")
                       else f"{task}-sft-own-errors-direct" if stage == "rlvr-own-direct"
                       else f"{task}-sft-corrections"
@@ -197,7 +199,7 @@ def test_unknown_names_and_scales_raise(bad):
 def hyper_parameters(r: recipes.Recipe) -> dict:
     """A recipe's hyper-parameters in the flat form they had before stages were dataclasses (the key, the
     code fingerprint and the checkpoint interval left out)."""
-    later = {"retrieved": None}  # fields added after the digest was pinned, left out at their defaults
+    later = {"retrieved": None, "retry": 0.0}  # fields added after the digest was pinned, left out at their defaults
     later_task = {"scratchpad": False}
     stage = {"n_examples": 0, "completion_only": True, "replay_fraction": 0.0, "backspace": None,
              "scheduled_sampling": 0.0,

@@ -25,7 +25,8 @@ TASKS = [KBWalk(KBWalkConfig(n_entities=20, n_relations=3, common_count=5)),
          Sycophancy(SycophancyConfig(ArithmeticConfig(max_digits=3, n_pretrain_documents=50))),
          DeadEnds(DeadEndsConfig(degree=3, reveal=2, n_nodes=16, pretrain_tokens=2000,
                                  retry_fraction=0.5)),
-         DeadEnds(DeadEndsConfig(degree=2, reveal=None, steps=3, n_nodes=16, pretrain_tokens=2000))]
+         DeadEnds(DeadEndsConfig(degree=2, reveal=None, length=3, n_nodes=16,
+                                 pretrain_tokens=2000))]
 
 
 # -- shared behaviour --------------------------------------------------------------------------
