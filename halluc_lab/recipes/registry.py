@@ -170,6 +170,7 @@ STAGE_PLANS = {
     "rlvr-retry": _rlvr(allow_bksp=True, parent="sft-retry"),
     "rlvr-retry-masked": _rlvr(allow_bksp=False, parent="sft-retry"),
     "rlvr-clean-bksp": _rlvr(allow_bksp=True, parent="sft-clean"),
+    "rlvr-clean-masked": _rlvr(allow_bksp=False, parent="sft-clean"),  # RLVR without the key
 }
 # Chapter 10: chapter 9's RSFT and DPO from the two backspace starting points (random errors, the model's own
 # errors), with the same samples, steps and rates. Their samples may hold <bksp>, which stays in the context (as
@@ -302,7 +303,7 @@ _DEAD_ENDS_RLVR = {"smoke": RLVRConfig(prompts_per_iteration=8, samples_per_prom
                    "full": RLVRConfig(prompts_per_iteration=64, samples_per_prompt=8)}
 for _scale in SCALES:
     _n = _DEAD_ENDS_STEPS[_scale]
-    _clean = {"sft-clean": _n["sft"], "rlvr-clean-bksp": _n["rlvr"]}
+    _clean = {"sft-clean": _n["sft"], "rlvr-clean-bksp": _n["rlvr"], "rlvr-clean-masked": _n["rlvr"]}
     _retry_sft = {"sft-retry": _n["sft"], "rlvr-retry": _n["rlvr"]}
     for _k, _reveal in (("k1", 1), ("k2", 2), ("k4", 4), ("never", None)):
         for _suffix, _retry, _stages in (

@@ -246,6 +246,11 @@ def test_the_arms_differ_only_where_the_retry_data_enters(scale):
         assert from_clean.parent == c and from_clean.stage == allowed.stage
     never = recipes.get("dead_ends_never-rlvr-clean-bksp", scale)
     assert never.parent == recipes.get("dead_ends_never-sft-clean", scale)
+    for k in ("k1", "k2", "k4", "never"):  # RLVR without the key: clean SFT's start, <bksp> masked
+        masked = recipes.get(f"dead_ends_{k}-rlvr-clean-masked", scale)
+        assert masked.parent == recipes.get(f"dead_ends_{k}-sft-clean", scale)
+        assert masked.stage.config.allow_bksp is False
+        assert masked.train == recipes.get(f"dead_ends_{k}-rlvr-clean-bksp", scale).train
     assert not any(n.startswith(("dead_ends_never-sft-retry", "dead_ends_never_retry"))
                    for n in recipes.NAMES)  # no dead end is written: nothing to take back
 

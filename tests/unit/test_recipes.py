@@ -77,7 +77,7 @@ def test_every_name_exists_at_smoke_scale_and_sft_starts_from_its_pretraining():
             # two backspace models and the own-errors model's control
             task, stage = name.split("-", 1)
             parent = (f"{task}-sft-clean" if name in ("path_star-sft-backspace", "path_star-sft-continued")
-                      or stage == "rlvr-clean-bksp"  # chapter 10's fair test, <bksp> allowed
+                      or stage in ("rlvr-clean-bksp", "rlvr-clean-masked")  # chapter 10's fair test
                       or stage in ("dpo", "rsft", "rsft-soft", "ppo", "rlhf", "rlhf-agreeable", "rlvr", "sft-own-errors",
                                    "sft-corrections", "sft-own-errors-direct")
                       else f"{task}-sft-backspace" if stage in ("rlvr-bksp", "rlvr-bksp-masked", "rsft-bksp", "dpo-bksp")
