@@ -11,8 +11,9 @@ from halluc_lab.generation import decoding, engine_graphs, sampling
 from halluc_lab.generation import engine as engine_module
 from halluc_lab.generation.backtrack import rollout
 from halluc_lab.generation.engine import Engine, SamplingParams, engine_for, generate
+from halluc_lab.model import attention, positional
 from halluc_lab.model.hf_convert import to_hf
-from halluc_lab.model.transformer import Transformer
+from halluc_lab.model.transformer import ModelConfig, Transformer
 from halluc_lab.model.positional import RopeScaling
 from tests.unit._tiny_lm import DECODING, small_transformer
 
@@ -605,3 +606,123 @@ def test_any_logit_scale_and_temperature_give_valid_tokens_or_a_named_error(
 
 
 PROPERTY_MODEL = tiny(seed=3)
+
+
+# -- 004 §6.2's steps and 001's context window, recomputed for the errata page (chapter 6) -----
+
+def errata_model(**kw) -> Transformer:
+    """Chapter 6's untrained check model: width 64, 2 layers, 4 query heads on 2 KV heads."""
+    args = dict(vocab_size=64, hidden_size=64, n_layers=2, n_heads=4, n_kv_heads=2,
+                max_positions=64, tie_embeddings=False, init_std=0.2)
+    args.update(kw)
+    return Transformer(ModelConfig(**args), seed=0).eval()
+
+
+def errata_tokens(T=12):
+    return torch.randint(0, 64, (1, T), generator=torch.Generator().manual_seed(0))
+
+
+@torch.no_grad()
+def forward_with_mask(model, ids, mask):
+    """The model's forward with ``mask`` (B, 1, T, T), True = may attend, for the causal one."""
+    h = model.embed_tokens(ids)  # (1, T, d)
+    positions = torch.arange(ids.shape[1])
+    cos, sin = positional.rope_cos_sin(positions, model.inv_freq(h.device), model.attention_factor)
+    cos, sin = cos[None, :, None].to(h.dtype), sin[None, :, None].to(h.dtype)  # (1, T, 1, D)
+    for i, layer in enumerate(model.layers):
+        h = layer(h, cos, sin, mask, None, i, None, 0)
+    return model.lm_head(model.norm(h))  # (1, T, V)
+
+
+def test_004_step_3_the_fed_tokens_own_key_is_part_of_the_attention_not_an_option():
+    # 004 §6.2.1's numbers; the step that feeds x_3 (query q_3 = x_3 W^Q, W^Q = I).
+    X = torch.tensor([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]], dtype=torch.float64)
+    K = X @ torch.tensor([[1.0, 2.0], [0.0, 1.0]], dtype=torch.float64)
+    V_ = X @ torch.tensor([[0.5, -0.5], [1.0, 0.5]], dtype=torch.float64)
+    with_own, weights = attention.scaled_dot_product_attention(X[2:], K, V_)
+    without, _ = attention.scaled_dot_product_attention(X[2:], K[:2], V_[:2])  # j = 1, …, t only
+    assert with_own[0].tolist() == pytest.approx([8.5, 0.5])
+    assert float(weights[0, 2]) == pytest.approx(1.0)
+    assert without[0].tolist() == pytest.approx([5.5, 0.5])
+    # The decoder, every token attending to the earlier keys only (the diagonal masked), against
+    # the model itself.
+    model = errata_model(fast=False).double()
+    ids = errata_tokens()
+    lower = torch.ones(ids.shape[1], ids.shape[1], dtype=torch.bool)
+    with torch.no_grad():
+        full = model(ids)[0, -1]  # what training and the cached engine compute
+    causal = forward_with_mask(model, ids, lower.tril()[None, None])[0, -1]
+    strict = forward_with_mask(model, ids, lower.tril(-1)[None, None])[0, -1]
+    assert float((causal - full).abs().max()) < 1e-12  # the helper is the model's forward
+    assert float((strict - full).abs().max()) == pytest.approx(3.72, abs=0.005)
+    tv = 0.5 * float((strict.softmax(-1) - full.softmax(-1)).abs().sum())
+    assert tv == pytest.approx(0.534, abs=0.0005)
+    assert int(strict.argmax()) != int(full.argmax())  # the greedy token changes
+
+
+def test_004_steps_2_and_5_project_each_layers_own_input_not_the_token_embedding():
+    model = errata_model().double()
+    ids = errata_tokens()
+    seen = {}
+    hooks = [block.input_layernorm.register_forward_hook(
+        lambda m, i, o, n=n: seen.__setitem__(n, o)) for n, block in enumerate(model.layers)]
+    cache = model.new_cache(1, 64)
+    with torch.no_grad():
+        model(ids, cache=cache)
+        embedding = model.embed_tokens(ids)  # (1, T, d): 004's x_j
+    for h in hooks:
+        h.remove()
+    c = model.config
+    H, H_kv, D, T = c.n_heads, c.n_kv_heads, c.head_dim, ids.shape[1]
+    relative = []
+    for n, block in enumerate(model.layers):
+        def values(x):  # x W^V of this layer: (1, T, H_kv, D)
+            return block.self_attn.qkv_proj(x).view(1, T, H + 2 * H_kv, D)[:, :, H + H_kv:]
+        with torch.no_grad():
+            cached = cache.v[n, :, :T]  # (1, T, H_kv, D)
+            assert torch.equal(values(seen[n]), cached)  # the layer's own (normed) input
+            relative.append(float((values(embedding) - cached).norm() / cached.norm()))
+    assert relative == pytest.approx([0.80, 0.98], abs=0.005)
+
+
+def test_004_step_6_a_chosen_tokens_keys_are_written_by_the_step_that_feeds_it():
+    model = errata_model()  # float32: the engine records float32 log-probs
+    prompt = [3, 14, 15, 9, 26]
+    eng = Engine(model, batch_size=1, max_positions=64)
+    eng.start([prompt], 6, GREEDY)
+    held = []
+    for _ in range(6):
+        eng.step()
+        held.append(int(eng.cache.lengths[0]))
+    generated = eng.result().token_lists()[0]
+    assert held == [5, 6, 7, 8, 9, 10]  # the prompt and n − 1 generated tokens; the last is pending
+    fresh = model.new_cache(1, 64)
+    with torch.no_grad():
+        model(torch.tensor([prompt + generated[:-1]]), cache=fresh)
+    n = held[-1]
+    assert torch.allclose(eng.cache.k[:, 0, :n], fresh.k[:, 0, :n], atol=1e-5)
+    assert torch.allclose(eng.cache.v[:, 0, :n], fresh.v[:, 0, :n], atol=1e-5)
+
+
+def test_001_remark_v_tokens_that_left_listing_4s_window_leave_no_trace_in_the_hidden_states():
+    model = errata_model().double()
+    delta = 8  # Δ, Listing 4's block_size
+    a = errata_tokens()
+    b = a.clone()
+    b[0, 0] = (a[0, 0] + 1) % 64  # the two sequences differ in x_1 only
+    with torch.no_grad():
+        windowed = [model(s[:, -delta:])[0, -1] for s in (a, b)]  # idx[:, -block_size:]
+        whole = [model(s)[0, -1] for s in (a, b)]
+        rolling = []  # a cache keeping the last Δ − 1 keys and values, made while x_1 was visible
+        for s in (a, b):
+            full = model.new_cache(1, 64)
+            model(s[:, :-1], cache=full)
+            kept = model.new_cache(1, 64)
+            t, keep = s.shape[1] - 1, delta - 1
+            kept.k[:, :, :keep] = full.k[:, :, t - keep:t]
+            kept.v[:, :, :keep] = full.v[:, :, t - keep:t]
+            kept.set_lengths([keep])
+            rolling.append(model(s[:, -1:], position_ids=torch.tensor([[t]]), cache=kept)[0, -1])
+    assert torch.equal(windowed[0], windowed[1])  # nothing of x_1 is left
+    assert float((whole[0] - whole[1]).abs().max()) == pytest.approx(1.95, abs=0.005)
+    assert float((rolling[0] - rolling[1]).abs().max()) == pytest.approx(0.84, abs=0.005)

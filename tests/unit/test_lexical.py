@@ -209,6 +209,28 @@ def test_004_eq_3_2_needs_the_log_pmi_is_log_of_p_y_given_x_over_p_y():
     assert pmi(TABLE_004)[0, 1] != pytest.approx((p_xy / p_x) / p_y)  # 004 eq. 3.2 as printed
 
 
+def test_004_word_frequency_marginals_change_pmi_and_do_not_vanish_for_independent_words():
+    # 004 §3.2: "P(x) is the probability of the occurrence of word x in the corpus" (12 words),
+    # while p(x, y) counts the 10 forward pairs; the table's own marginals are its row and
+    # column sums.
+    words = np.array([sum(s.count(w) for s in _sentences()) for w in PMI_VOCAB])  # the: 4, ...
+    p_word = words / words.sum()
+    with np.errstate(divide="ignore"):
+        by_words = np.log((TABLE_004 / TABLE_004.sum()) / np.outer(p_word, p_word))
+    sat, on, the = PMI_VOCAB.index("sat"), PMI_VOCAB.index("on"), PMI_VOCAB.index("the")
+    assert pmi(TABLE_004)[sat, on] == pytest.approx(math.log(5)) == pmi(TABLE_004)[on, the]
+    assert by_words[sat, on] == pytest.approx(math.log(7.2))
+    assert by_words[on, the] == pytest.approx(math.log(3.6))
+    assert (round(math.log(7.2), 3), round(math.log(3.6), 3)) == (1.974, 1.281)
+    # Independent words: pair counts the product of the table's row and column sums.
+    independent = np.outer(TABLE_004.sum(1), TABLE_004.sum(0)) / TABLE_004.sum()
+    seen = independent > 0
+    assert np.abs(pmi(independent)[seen]).max() < 1e-12
+    with np.errstate(divide="ignore"):
+        by_words = np.log((independent / independent.sum()) / np.outer(p_word, p_word))
+    assert np.abs(by_words[seen]).max() == pytest.approx(0.365, abs=5e-4)
+
+
 def test_ppmi_is_pmi_clipped_at_zero_and_finite():
     assert np.array_equal(ppmi(TABLE_004), np.maximum(pmi(TABLE_004), 0))
     assert np.isfinite(ppmi(TABLE_004)).all() and ppmi(TABLE_004).min() == 0

@@ -10,7 +10,8 @@ import torch
 
 from halluc_lab.model.hf_convert import config_from_hf, from_hf, to_hf, to_hf_config
 from halluc_lab.model.kv_cache import KVCache
-from halluc_lab.model.transformer import RMSNorm, Transformer, rms_norm_reference, segment_positions
+from halluc_lab.model.transformer import (MLP, ModelConfig, RMSNorm, Transformer,
+                                          rms_norm_reference, segment_positions)
 from halluc_lab.model.positional import RopeScaling
 from tests.unit._tiny_lm import small_config
 
@@ -276,3 +277,25 @@ def test_a_forward_pass_past_max_positions_is_refused():
         model(ids(T=4, seed=1), cache=cache)
         with pytest.raises(ValueError, match=r"position 17 .* the cache holds up to 16"):
             model(ids(T=1, seed=2), cache=cache)
+
+
+def test_001_eq_17_swiglu_is_a_gated_sigma_that_halves_the_width():
+    """001 App. A eq. (17), FFN(x) = W_2 σ(Wx + b_1) + b_2, σ = SwiGLU: σ maps 2I numbers to I."""
+    silu = torch.nn.functional.silu
+    d, inter = 16, 24
+    mlp = MLP(ModelConfig(vocab_size=8, hidden_size=d, n_heads=2, intermediate_size=inter)).double()
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in mlp.parameters():
+            p.copy_(0.3 * torch.randn(p.shape, generator=g, dtype=torch.float64))
+        x = torch.randn(5, d, generator=g, dtype=torch.float64)
+        W, W_2 = mlp.gate_up_proj.weight, mlp.down_proj.weight  # (2I, d), (d, I)
+        gate, up = (x @ W.T).chunk(2, dim=-1)  # (5, I) each
+        assert W.shape == (2 * inter, d) and W_2.shape == (d, inter)
+        assert torch.equal((silu(gate) * up) @ W_2.T, mlp(x))  # σ([u; v]) = SiLU(u) ⊙ v
+        with pytest.raises(RuntimeError, match="cannot be multiplied"):
+            silu(x @ W.T) @ W_2.T  # σ element-wise: 2I = 48 numbers against W_2's I = 24
+        ungated = silu(gate) @ W_2.T
+        assert float((ungated - mlp(x)).norm() / mlp(x).norm()) == pytest.approx(0.82, abs=0.005)
+    n_weights = sum(p.numel() for p in mlp.parameters())
+    assert n_weights == 3 * d * inter == 1152  # a GeLU FFN of width I: 2dI = 768

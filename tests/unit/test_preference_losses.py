@@ -1,5 +1,7 @@
 """The losses of chapters 9–10: Bradley–Terry, DPO, PPO's clipped surrogate, the KL estimators k1/k2/k3, GAE."""
 
+import copy
+import json
 import math
 import types
 
@@ -55,6 +57,29 @@ def test_bradley_terry_rejects_mismatched_empty_or_non_tensor_scores(args, error
 def test_losses_reject_an_unknown_reduction():
     with pytest.raises(ValueError, match="reduction"):
         bradley_terry_loss(torch.zeros(1), torch.zeros(1), reduction="avg")
+
+
+# -- preference data (004 §9.1.1) ----------------------------------------------------------
+# 004 §9.1.1's record as printed; the line the PDF wrapped inside a string is rejoined.
+RECORD_004 = """{
+"prompt": [
+  {"system": "You are a helpful, honest assistant."},
+  {"role": "user", "content": "What color is the sky?"},
+],
+"chosen": [{"role": "assistant", "content": "Washington, D.C."}],
+"rejected": [{"role": "assistant",
+              "content": "? The capital of the United States is Washington, D.C."}]
+}"""
+
+
+def test_004_preference_record_is_not_json_and_its_system_turn_has_no_role():
+    with pytest.raises(json.JSONDecodeError) as err:
+        json.loads(RECORD_004)
+    # the comma before the prompt's closing bracket
+    assert (err.value.lineno, err.value.colno, err.value.msg) == (5, 1, "Expecting value")
+    record = json.loads(RECORD_004.replace('"},\n],', '"}\n],'))
+    assert [sorted(turn) for turn in record["prompt"]] == [["system"], ["content", "role"]]
+    assert not [turn for turn in record["prompt"] if turn.get("role") == "system"]  # none by role
 
 
 # -- DPO (Rafailov et al. eq. 7; 004 eq. 9.1) -------------------------------------------------------------
@@ -257,3 +282,38 @@ def test_dpo_loss_is_the_mean_of_softplus_of_minus_the_scaled_margin():
     g = torch.Generator().manual_seed(5)
     pc, pr, rc, rr = torch.randn(4, 9, generator=g, dtype=D)
     torch.testing.assert_close(dpo_loss(pc, pr, rc, rr, 2.0).loss, F.softplus(-2.0 * ((pc - rc) - (pr - rr))).mean())
+
+
+def test_004_listing_starts_the_policy_away_from_its_reference():
+    """004 §9.2's listing draws ``pi_theta`` and ``pi_ref`` as two independent networks."""
+    def policy():  # the listing's PolicyNetwork(10, 2)
+        return torch.nn.Sequential(torch.nn.Linear(10, 128), torch.nn.ReLU(),
+                                   torch.nn.Linear(128, 2), torch.nn.Softmax(dim=-1))
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(42)  # the listing's draws, in its order: the data, then the networks
+        x = torch.randn(1000, 10)
+        y1, y2, p = (torch.randint(0, 2, (1000,)) for _ in range(3))
+        pi_theta, pi_ref = policy(), policy()
+    won, lost = torch.where(p == 1, y1, y2), torch.where(p == 1, y2, y1)
+
+    def logp(probs, y):
+        return probs.gather(1, y[:, None])[:, 0].log()
+
+    def terms(reference):
+        with torch.no_grad():
+            theta, ref = pi_theta(x).double(), reference(x).double()  # (1000, 2)
+        out = dpo_loss(logp(theta, won), logp(theta, lost), logp(ref, won), logp(ref, lost),
+                       beta=1.0, reduction="none")
+        return out, (theta * (theta / ref).log()).sum(-1)  # and KL(π_θ ‖ π_ref) per context
+
+    at_start, kl = terms(pi_ref)
+    differ = y1 != y2
+    assert float(at_start.loss[differ].mean()) == pytest.approx(0.711, abs=5e-4)  # log 2 = 0.693
+    assert float(at_start.chosen_rewards.abs().mean()) == pytest.approx(0.129, abs=5e-4)
+    assert float(at_start.chosen_rewards.abs().max()) == pytest.approx(0.670, abs=5e-4)
+    assert float(kl.mean()) == pytest.approx(0.0127, abs=5e-5)
+    copied, kl = terms(copy.deepcopy(pi_theta))  # the policy starts at its reference
+    assert not copied.chosen_rewards.any() and not kl.any()
+    log_2 = torch.full((1000,), math.log(2), dtype=torch.float64)
+    assert torch.allclose(copied.loss, log_2, rtol=0, atol=1e-15)
