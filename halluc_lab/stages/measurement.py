@@ -4,19 +4,19 @@ report the comparison.
 Chapters 8 and 9. Every method of chapter 9 (DPO, RSFT, PPO on the verifier or on a learned reward)
 is measured the same way on a fixed set of distinct held-out prompts (:func:`measure`): the greedy
 answer's outcome, and over N answers at τ = 1 — samples of the policy itself, the distribution the
-KL-regularised objective is about — the shares of correct, abstained and wrong answers, the gold
-reward (+1 / 0 / −1), the KL to the reference estimated by Σ_t log π(y_t|·)/π_ref(y_t|·) averaged over
-the samples (an unbiased estimate of the sequence-level KL), and, where there is one, a learned
-reward model's score of the same answers. :func:`implicit_reward_accuracy` asks whether DPO's implicit
-reward β log π/π_ref ranks gold pairs the right way round.
+KL-regularised objective is about — the shares of correct, abstained and wrong answers, the
+gold reward (+1 / 0 / −1), the KL to the reference estimated by Σ_t log π(y_t|·)/π_ref(y_t|·)
+averaged over the samples (an unbiased estimate of the sequence-level KL), and, where there is
+one, a learned reward model's score of the same answers. :func:`implicit_reward_accuracy` asks
+whether DPO's implicit reward β log π/π_ref ranks gold pairs the right way round.
 
 The chapters' summary sentences are built here from the numbers, so that a re-run with other seeds
 rewrites them: :func:`backspace_headline` (chapter 8: backspace SFT against clean SFT) and
 :func:`proxy_and_gold` (chapter 9: RLHF's proxy reward against the gold one). The verdict clauses
 inside them are :func:`halluc_lab.evaluation.stats.said`'s.
 
-Kept out of the stage modules on purpose: nothing here changes a trained model's bits, so no recipe's
-cache key covers it.
+Kept out of the stage modules on purpose: nothing here changes a trained model's bits, so no
+recipe's cache key covers it.
 """
 
 from __future__ import annotations
@@ -69,12 +69,14 @@ def measure(policy: nn.Module, reference: nn.Module, tok: Tokenizer, task: Task,
     flat_c = [list(c) for cs in g.completions for c in cs]
     pad = tok.pad_id
     kl = (completion_logps(policy, flat_p, flat_c, pad)
-          - completion_logps(reference, flat_p, flat_c, pad)).view(-1, samples)  # (prompts, samples)
+          - completion_logps(reference, flat_p, flat_c, pad)).view(-1, samples)  # (P, samples)
     r = g.rewards  # (prompts, samples)
     out = {}
     if proxy is not None:
-        out["proxy reward"] = reward_model.score(proxy, flat_p, flat_c, pad).view(-1, samples).mean(1).tolist()
-    return out | {"greedy correct": greedy.indicator(CORRECT), "greedy wrong": greedy.indicator(WRONG),
+        proxy_scores = reward_model.score(proxy, flat_p, flat_c, pad).view(-1, samples)
+        out["proxy reward"] = proxy_scores.mean(1).tolist()
+    return out | {"greedy correct": greedy.indicator(CORRECT),
+                  "greedy wrong": greedy.indicator(WRONG),
                   "correct": (r == 1).float().mean(1).tolist(),
                   "abstained": (r == 0).float().mean(1).tolist(),
                   "wrong": (r == -1).float().mean(1).tolist(), "gold reward": r.mean(1).tolist(),
@@ -90,7 +92,7 @@ def implicit_reward_accuracy(policy: nn.Module, reference: nn.Module, pairs: Bat
     return float((d[:, 0] > d[:, 1]).float().mean())
 
 
-# -- the chapters' summary sentences -----------------------------------------------------------------
+# -- the chapters' summary sentences ---------------------------------------------------------------
 def backspace_headline(tasks: Sequence[str], diff: Mapping[tuple, Interval],
                        verdicts: Mapping[tuple, str], controls: Mapping[str, str]) -> str:
     """Chapter 8's headline on backspace SFT: ``diff`` and ``verdicts`` are keyed (task, variant,
@@ -118,11 +120,12 @@ def backspace_headline(tasks: Sequence[str], diff: Mapping[tuple, Interval],
 def proxy_and_gold(proxy: Interval, gold: Interval, verdicts: tuple[str, str],
                    abstained: tuple[float, float], kl: float) -> str:
     """Chapter 9's summary line on RLHF's two rewards: the verdicts on the proxy and on the gold
-    reward against SFT (``verdicts``), the share of abstentions before and after (``abstained``) and
-    the KL reached; where the proxy rose and the gold reward did not, that the reward model's optimum
-    is not the verifier's."""
+    reward against SFT (``verdicts``), the share of abstentions before and after (``abstained``)
+    and the KL reached; where the proxy rose and the gold reward did not, that the reward model's
+    optimum is not the verifier's."""
     text = (f"* RLHF's proxy and the gold reward: {verdicts[0]}; {verdicts[1]}; its share of "
-            f"abstentions went from {abstained[0]:.3f} to {abstained[1]:.3f}, at a KL of {kl:.2f} nats.")
+            f"abstentions went from {abstained[0]:.3f} to {abstained[1]:.3f}, "
+            f"at a KL of {kl:.2f} nats.")
     if proxy.low > 0 and gold.low <= 0:
         text += " The reward model's optimum is not the verifier's."
     return text

@@ -28,10 +28,10 @@ def test_completion_logps_sum_the_completion_tokens_log_probs_in_any_chunking(ar
     for i, (p, c) in enumerate(zip(prompts, completions)):
         ids = torch.tensor([p + c])
         with torch.no_grad():
-            lp = torch.log_softmax(lm(ids)[0, :-1].float(), -1)  # (T-1, V): position t predicts t + 1
+            lp = torch.log_softmax(lm(ids)[0, :-1].float(), -1)  # (T-1, V): t predicts t + 1
         want = sum(float(lp[len(p) - 1 + j, tok_]) for j, tok_ in enumerate(c))
         assert float(got[i]) == pytest.approx(want, abs=1e-5)
-    alone = measurement.completion_logps(lm, prompts, completions, tok.pad_id, chunk=1)  # no padding
+    alone = measurement.completion_logps(lm, prompts, completions, tok.pad_id, chunk=1)  # unpadded
     assert torch.allclose(alone, got, atol=1e-5)
     with pytest.raises(ValueError, match="one length"):
         measurement.completion_logps(lm, prompts, completions[:1], tok.pad_id)
@@ -87,18 +87,20 @@ def test_implicit_reward_accuracy_counts_pairs_whose_chosen_answer_gained_more(a
     assert measurement.implicit_reward_accuracy(lm, lm, pairs.rows()) == 0.0  # every pair ties
     assert measurement.implicit_reward_accuracy(Favouring(lm, 7, 3.0), lm, pairs.rows()) == 0.5
     assert measurement.implicit_reward_accuracy(Favouring(lm, 8, 3.0), lm, pairs.rows()) == 0.5
-    all_sevens = PreferencePairs(((b, 5), (b, 6)), ((7,), (7,)), ((8,), (8,)), (True, True), tok.pad_id)
+    all_sevens = PreferencePairs(((b, 5), (b, 6)), ((7,), (7,)), ((8,), (8,)), (True, True),
+                                 tok.pad_id)
     assert measurement.implicit_reward_accuracy(Favouring(lm, 7, 3.0), lm, all_sevens.rows()) == 1.0
     assert measurement.implicit_reward_accuracy(Favouring(lm, 8, 3.0), lm, all_sevens.rows()) == 0.0
 
 
-# -- the summary sentences follow the numbers --------------------------------------------------------
+# -- the summary sentences follow the numbers ------------------------------------------------------
 LOW, HIGH, FLAT = Interval(-0.1, -0.2, -0.05), Interval(0.1, 0.05, 0.2), Interval(0.0, -0.1, 0.1)
 
 
 def _sft_contrasts(by_task):
     """diff and verdicts keyed as chapter 8 keys them, from {(task, baseline): interval}."""
-    diff = {(t, "backspace", b, n): iv for (t, b), iv in by_task.items() for n in ("em_greedy", "em_sample")}
+    diff = {(t, "backspace", b, n): iv for (t, b), iv in by_task.items()
+            for n in ("em_greedy", "em_sample")}
     verdicts = {k: said(iv, "backspace SFT", f"{k[2]} SFT", k[3]) for k, iv in diff.items()}
     return diff, verdicts
 
@@ -114,19 +116,22 @@ def test_the_backspace_headline_says_lowered_only_when_every_interval_lies_below
     assert "backspace SFT is lower than clean SFT in em_greedy (-0.100 [-0.200, -0.050])" in text
     assert "arithmetic: backspace SFT − clean SFT in em_greedy: not resolved" in text
     diff, verdicts = _sft_contrasts({("kb_walk", "clean"): HIGH})
-    assert "is higher than clean SFT" in measurement.backspace_headline(["kb_walk"], diff, verdicts, {})
+    text = measurement.backspace_headline(["kb_walk"], diff, verdicts, {})
+    assert "is higher than clean SFT" in text
 
 
 def test_the_backspace_headline_adds_the_matched_compute_control_where_there_is_one():
     diff, verdicts = _sft_contrasts({("path_star", "clean"): LOW, ("path_star", "continued"): HIGH})
     text = measurement.backspace_headline(["path_star"], diff, verdicts, {"path_star": "continued"})
-    assert text.endswith(" path_star against its matched-compute control: backspace SFT is higher than "
-                         "continued SFT in em_greedy (+0.100 [+0.050, +0.200]), backspace SFT is higher "
-                         "than continued SFT in em_sample (+0.100 [+0.050, +0.200]).")
+    assert text.endswith(
+        " path_star against its matched-compute control: backspace SFT is higher than continued "
+        "SFT in em_greedy (+0.100 [+0.050, +0.200]), backspace SFT is higher than continued SFT in "
+        "em_sample (+0.100 [+0.050, +0.200]).")
 
 
 def test_proxy_and_gold_says_the_optima_differ_only_when_the_proxy_rose_and_the_gold_did_not():
-    verdicts = ("RLHF is higher than SFT in proxy reward (…)", "RLHF − SFT in gold reward: not resolved (…)")
+    verdicts = ("RLHF is higher than SFT in proxy reward (…)",
+                "RLHF − SFT in gold reward: not resolved (…)")
     text = measurement.proxy_and_gold(HIGH, FLAT, verdicts, (0.0123, 0.4567), 1.234)
     assert text.startswith(f"* RLHF's proxy and the gold reward: {verdicts[0]}; {verdicts[1]}; ")
     assert "went from 0.012 to 0.457, at a KL of 1.23 nats." in text
