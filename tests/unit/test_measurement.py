@@ -140,3 +140,102 @@ def test_proxy_and_gold_says_the_optima_differ_only_when_the_proxy_rose_and_the_
         said_ = measurement.proxy_and_gold(proxy, gold, verdicts, (0.0, 0.0), 0.0)
         assert ("not the verifier's" in said_) == (proxy.low > 0 and gold.low <= 0)
     assert "not the verifier's" in measurement.proxy_and_gold(HIGH, LOW, verdicts, (0.0, 0.0), 0.0)
+
+
+def test_masking_is_argued_only_when_every_full_sequence_loss_fell_less():
+    text = measurement.masking_said({"kb_walk": (1.0, 0.2), "arithmetic": (0.5, -0.1)})
+    assert text.startswith("In every task the full-sequence loss falls less than the completion "
+                           "loss, and for arithmetic it rises: ")
+    assert text.endswith("the prompt is context, not data to imitate.")
+    assert ", and for" not in measurement.masking_said({"kb_walk": (1.0, 0.2)})
+    text = measurement.masking_said({"kb_walk": (1.0, 0.2), "arithmetic": (0.5, 0.7)})
+    assert text == "The full-sequence loss falls as much as the completion loss for arithmetic."
+
+
+PS = dict(ends=(0.99, 0.98), chance=0.5, em=0.45)
+
+
+def test_the_path_star_reading_follows_whether_the_look_up_formed_and_where_the_first_step_sits():
+    near_chance = measurement.path_star_said([0.95, 0.97], [0.5, 0.55], [0, 1], lookup=0.96,
+                                             first=0.525, **PS)
+    assert near_chance.startswith("This is the failure Bachmann & Nagarajan describe.")
+    assert "look-up steps right 96% of the time and the first step 52%" in near_chance
+    far = measurement.path_star_said([0.95, 0.97], [0.9, 0.95], [0, 1], lookup=0.96, first=0.925,
+                                     **PS)
+    assert far.startswith("The look-up steps are right 96% of the time and the first step 92%, "
+                          "well away from 1/degree = 50%")
+    none = measurement.path_star_said([0.4, 0.6], [0.5, 0.5], [0, 1], lookup=0.5, first=0.5, **PS)
+    assert none.startswith("These models have not learned the look-up: ")
+    assert "(99% and 98% right)" in none
+    mixed = measurement.path_star_said([0.95, 0.3], [0.5, 0.5], [3, 4], lookup=0.625, first=0.5,
+                                       **PS)
+    assert mixed.startswith("The look-up formed in 1 of 2 seeds, so the means above mix")
+
+
+def test_the_path_star_reading_ends_with_every_seeds_values_and_refuses_mismatched_lists():
+    text = measurement.path_star_said([0.95, 0.3], [0.5, 0.25], [3, 4], lookup=0.625, first=0.375,
+                                      **PS)
+    assert text.endswith(" The look-up (90% of its steps right or more) formed in 1 of 2 seeds of "
+                         "the whole chain. Seed by seed (3, 4), the clean model gets the look-up "
+                         "steps right 95%, 30% of the time, and the first step 50%, 25%.")
+    with pytest.raises(ValueError, match="one length"):
+        measurement.path_star_said([0.95], [0.5, 0.5], [0], lookup=0.95, first=0.5, **PS)
+
+
+def test_the_scheduled_loss_note_adds_its_caveat_only_above_a_two_percent_rise():
+    assert measurement.scheduled_loss_said({}) == ""
+    flat = measurement.scheduled_loss_said({"kb_walk": 0.01})
+    assert flat == ("The scheduled-sampling curves, whose inputs are corrupted ever more often: "
+                    "kb_walk: its smoothed loss ends within 2% of its lowest point. ")
+    risen = measurement.scheduled_loss_said({"kb_walk": 0.01, "arithmetic": 0.3})
+    assert "arithmetic: its smoothed loss ends 30% above its lowest point. Such a rise" in risen
+
+
+def test_recovery_says_never_only_for_an_exact_zero_and_reads_path_star_by_position():
+    text = measurement.recovery_said({("kb_walk", "clean"): 0.0, ("kb_walk", "backspace"): 0.42})
+    assert text == ("Without `<bksp>` a model ends right after a forced error never: it cannot "
+                    "take the token back. The backspace models end right in 42% (kb_walk).")
+    some = measurement.recovery_said({("kb_walk", "clean"): 0.03, ("kb_walk", "scheduled"): 0.01,
+                                      ("kb_walk", "backspace"): 0.42})
+    assert "in at most 3% of the answers (mean over the positions)" in some
+    ps = measurement.recovery_said({("path_star", "clean"): 0.0, ("path_star", "backspace"): 0.5},
+                                   [0.9, 0.2, 0.6])
+    assert "a wrong one 90% of the time" in ps and "right one: 20%" in ps
+    assert ps.endswith("greedily the model ends right 60% of the time.")
+
+
+def test_the_toy_landing_says_closer_only_when_every_method_beats_best_of_n_at_its_best():
+    kw = dict(exact=0.0012, limit=0.3456, disagreements=1)
+    ns, bon = [1, 2, 4], [0.5, 0.2, 0.25]
+    closer = measurement.toy_landing_said({"DPO": 0.01, "PPO": 0.03}, bon, ns, **kw)
+    assert closer.startswith("DPO, RSFT with the soft rule and PPO end 0.0100–0.0300 from $\\pi^*$ "
+                             "in total variation, each closer than best-of-$N$ comes at any $N$ "
+                             "(its closest: 0.200 at $N$ = 2).")
+    assert "within 0.0012 of $\\pi^*$ (the soft rule's at $N$ = 4)" in closer
+    assert closer.endswith("it tends to 0.346. This part's tables disagree with the documents in 1 "
+                           "place (see the errata).")
+    farther = measurement.toy_landing_said({"DPO": 0.01, "PPO": 0.3}, bon, ns,
+                                           **kw | {"disagreements": 3})
+    assert "not all of them closer than best-of-$N$ at its best $N$" in farther
+    assert "in 3 places (see the errata)." in farther
+    with pytest.raises(ValueError, match="one best-of-N distance per N"):
+        measurement.toy_landing_said({"DPO": 0.01}, bon, ns[:2], **kw)
+
+
+def test_the_kb_walk_length_note_reads_missing_knowledge_only_when_knowable_chains_are_right():
+    known = measurement.knowable_said([1.0, 0.6], [0.99, 0.96], [0.4, 0.1])
+    assert "the share of knowable chains is 1.00, 0.60; greedy exact match is 0.99, 0.96" in known
+    assert known.endswith("rather than errors compounding.")
+    falling = measurement.knowable_said([1.0, 0.6], [0.99, 0.80], [0.4, 0.1])
+    assert falling.endswith("part is errors compounding.") and "Even on the chains" in falling
+
+
+def test_the_arithmetic_length_note_places_the_errors_by_the_token_accuracy():
+    longest = measurement.carries_said(8, 4, (1.234, 0.51), 0.4, [1.0, 0.99, 0.98, 0.80])
+    assert "the held-out split has only 8 of them" in longest
+    assert "The longest sums (4 digits) carry 1.2 times on average against 0.5 for 3-digit sums, " \
+           "make up 40% of the training examples" in longest
+    assert longest.endswith("0.80: the errors sit in the longest sums rather than spreading "
+                            "evenly over tokens.")
+    everywhere = measurement.carries_said(8, 4, (1.2, 0.5), 0.4, [0.9, 0.85, 0.88, 0.84])
+    assert everywhere.endswith("this model errs at every length, not only in the longest sums.")
