@@ -16,7 +16,8 @@ before and after SFT), :func:`scheduled_loss_said` (the scheduled-sampling loss 
 :func:`knowable_said` and :func:`carries_said` (where kb_walk's and arithmetic's errors sit by
 answer length), :func:`recovery_said` (recovery after a forced error), :func:`path_star_said`
 (which picture of Bachmann & Nagarajan's the path-star models show), :func:`backspace_headline`
-(backspace SFT against clean SFT). Chapter 9: :func:`toy_landing_said` (where the toy prompt's
+(backspace SFT against clean SFT), :func:`cluster_bootstrap_said` (its exercise on
+`<bksp>` precision). Chapter 9: :func:`toy_landing_said` (where the toy prompt's
 methods land) and :func:`proxy_and_gold` (RLHF's proxy reward against the gold one). The verdict
 clauses inside them are :func:`halluc_lab.evaluation.stats.said`'s.
 
@@ -302,3 +303,30 @@ def carries_said(shortest: int, longest: int, carries: tuple[float, float], shar
             + ("the errors sit in the longest sums rather than spreading evenly over tokens."
                if concentrated else
                "this model errs at every length, not only in the longest sums."))
+
+
+def cluster_bootstrap_said(erasures: int, wrong_erased: int, answers_erasing: int, answers: int,
+                           library: float, wilson: Interval, cluster: Sequence[float]) -> str:
+    """Chapter 8's exercise on `<bksp>` precision: ``wrong_erased`` of ``erasures`` took back a
+    wrong token, in ``answers_erasing`` of ``answers`` answers (``library``: what
+    ``evaluate.backspace_use`` says); the Wilson interval against the cluster bootstrap's over
+    answers. The cluster interval more than 5% wider says the erasures of one answer go together;
+    within 5% says no sign of it; narrower, that they are alike less often than independent ones."""
+    if erasures < 1:
+        raise ValueError(f"erasures must be at least 1 (there is no precision without one), got "
+                         f"{erasures}")
+    wide = (cluster[1] - cluster[0]) / (wilson.high - wilson.low)
+    text = (f"{erasures} erasures in {answers_erasing} of {answers} answers; precision "
+            f"{wrong_erased / erasures:.3f} (`backspace_use` says {library:.3f}). Wilson: "
+            f"[{wilson.low:.3f}, {wilson.high:.3f}]; cluster bootstrap over answers: "
+            f"[{cluster[0]:.3f}, {cluster[1]:.3f}], {wide:.2f} times as wide. ")
+    if wide > 1.05:
+        return text + ("Resampling answers widens the interval: the erasures of one answer go "
+                       "together, and the Wilson interval counts them as more evidence than they "
+                       "are.")
+    if wide >= 0.95:
+        return text + (f"Here the two widths are within 5% of each other: at "
+                       f"{erasures / answers_erasing:.1f} erasures per answer that erases, this "
+                       "run shows no sign that the erasures of one answer go together.")
+    return text + ("Here the cluster interval is the narrower one: within an answer the erasures "
+                   "are alike less often than independent ones would be.")

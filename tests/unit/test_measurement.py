@@ -239,3 +239,18 @@ def test_the_arithmetic_length_note_places_the_errors_by_the_token_accuracy():
                             "evenly over tokens.")
     everywhere = measurement.carries_said(8, 4, (1.2, 0.5), 0.4, [0.9, 0.85, 0.88, 0.84])
     assert everywhere.endswith("this model errs at every length, not only in the longest sums.")
+
+
+def test_the_cluster_bootstrap_reading_follows_the_ratio_of_the_two_widths():
+    wilson = Interval(0.5, 0.4, 0.6)
+    args = (12, 6, 4, 30, 0.5, wilson)
+    wider = measurement.cluster_bootstrap_said(*args, [0.35, 0.65])
+    assert wider.startswith("12 erasures in 4 of 30 answers; precision 0.500 (`backspace_use` says "
+                            "0.500). Wilson: [0.400, 0.600]; cluster bootstrap over answers: "
+                            "[0.350, 0.650], 1.50 times as wide. Resampling answers widens")
+    alike = measurement.cluster_bootstrap_said(*args, [0.4, 0.61])
+    assert "within 5% of each other: at 3.0 erasures per answer that erases" in alike
+    narrower = measurement.cluster_bootstrap_said(*args, [0.45, 0.55])
+    assert narrower.endswith("the erasures are alike less often than independent ones would be.")
+    with pytest.raises(ValueError, match="erasures must be at least 1"):
+        measurement.cluster_bootstrap_said(0, 0, 0, 30, 0.0, wilson, [0.0, 1.0])
