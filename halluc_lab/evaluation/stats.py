@@ -22,6 +22,9 @@ methods) states a difference only where an interval excludes zero; the prose the
 - :func:`said` — the one verdict of the book: "A is higher than B in …", "A is lower than B in …"
   or "A − B in …: not resolved", the interval beside it, "(exploratory)" before a contrast the
   chapter did not pre-register. :func:`verdict` is its terse form for a table cell.
+- :func:`contrast` — one pre-registered (or exploratory) comparison of two arms in one call: the
+  primary interval, the two-level bootstrap beside it and the verdict, as a :class:`Contrast` that
+  also lists what a chapter glues under the contrast's name.
 - :func:`per_seed` — a chapter's results as the (seeds, prompts) grid every interval above takes;
   :func:`between`, the interval of one arm minus another from those grids.
 - :func:`reliability` — calibration (chapter 11): answers binned by the model's confidence, each bin's
@@ -302,6 +305,39 @@ def said(difference: Interval, a: str, b: str, what: str, *, spec: str = "+.3f",
     else:
         words = f"{a} − {b} in {what}: not resolved"
     return ("(exploratory) " if exploratory else "") + f"{words} ({numbers})"
+
+
+@dataclass(frozen=True)
+class Contrast:
+    """One comparison of two arms: its primary interval (:func:`difference`), the two-level
+    bootstrap beside it (:func:`paired_difference`) and its verdict (:func:`said`)."""
+
+    primary: Interval  # t over the seeds' paired differences (the bootstrap from one seed)
+    secondary: Interval  # the two-level bootstrap over seeds and prompts
+    said: str  # the verdict, from the primary interval
+
+    def glued(self) -> dict[str, float | list | str]:
+        """What a chapter records under the contrast's name, by suffix: "" the primary interval as
+        [estimate, low, high], "_bootstrap" the secondary one, "_per_seed" each seed's difference,
+        "_verdict" the sentence."""
+        p, s = self.primary, self.secondary
+        return {"": [p.estimate, p.low, p.high], "_bootstrap": [s.estimate, s.low, s.high],
+                "_per_seed": list(p.per_seed or ()), "_verdict": self.said}
+
+
+def contrast(a, b, a_name: str, b_name: str, what: str, *, exploratory: bool = False,
+             resamples: int = RESAMPLES) -> Contrast:
+    """Arm ``a`` against arm ``b`` on ``what``: (seeds, prompts) scores paired as for
+    :func:`paired_difference`; the verdict names them ``a_name`` and ``b_name`` and begins
+    "(exploratory)" when ``exploratory``.
+
+    >>> c = contrast([[1.0, 1.0], [1.0, 0.0]], [[0.0, 0.0], [0.0, 0.0]], "A", "B", "x", resamples=200)
+    >>> c.said, c.glued()["_per_seed"]
+    ('A − B in x: not resolved (+0.750 [-2.427, +3.927]; t, 2 seeds)', [1.0, 0.5])
+    """
+    primary = difference(a, b, resamples=resamples)
+    secondary = paired_difference(a, b, resamples=resamples)
+    return Contrast(primary, secondary, said(primary, a_name, b_name, what, exploratory=exploratory))
 
 
 @dataclass(frozen=True)

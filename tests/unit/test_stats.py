@@ -289,3 +289,32 @@ def test_between_refuses_an_interval_that_is_not_a_function_and_a_missing_seed()
         stats.between(runs, ("rl",), ("sft",), "wrong", [0], interval="t")
     with pytest.raises(KeyError, match="under seeds"):
         stats.between(runs, ("rl",), ("sft",), "wrong", [0, 1])
+
+
+def test_contrast_gives_both_intervals_and_a_verdict_that_follows_the_primary_one():
+    rng = np.random.default_rng(0)
+    b = rng.random((4, 30))
+    higher = b + 0.2 + rng.normal(0, 0.01, (4, 30))
+    up = stats.contrast(higher, b, "A", "B", "x", resamples=500)
+    assert up.primary == difference(higher, b) and up.primary.method == "t"
+    assert up.said == said(up.primary, "A", "B", "x") and up.said.startswith("A is higher than B in x")
+    down = stats.contrast(b, b + 0.2, "A", "B", "x", resamples=500)
+    assert down.said.startswith("A is lower than B in x")
+    flat = stats.contrast(b, b[::-1], "A", "B", "x", exploratory=True, resamples=500)
+    assert flat.primary.side == 0 and flat.said.startswith("(exploratory) A − B in x: not resolved")
+    assert flat.secondary == paired_difference(b, b[::-1], resamples=500)
+
+
+def test_a_contrasts_glued_record_holds_both_intervals_the_seeds_and_the_verdict():
+    a, b = [[1.0, 0.0, 1.0], [1.0, 1.0, 1.0]], [[0.0, 0.0, 1.0], [0.0, 1.0, 0.0]]
+    c = stats.contrast(a, b, "A", "B", "x", resamples=300)
+    glued = c.glued()
+    assert list(glued) == ["", "_bootstrap", "_per_seed", "_verdict"]
+    t = t_difference(a, b)
+    assert glued[""] == [t.estimate, t.low, t.high]
+    e = paired_difference(a, b, resamples=300)
+    assert glued["_bootstrap"] == [e.estimate, e.low, e.high]
+    assert glued["_per_seed"] == pytest.approx([1 / 3, 2 / 3])
+    assert glued["_verdict"] == said(t, "A", "B", "x")
+    one = stats.contrast(a[:1], b[:1], "A", "B", "x", resamples=300)  # one seed: the bootstrap is primary
+    assert one.primary.method == "bootstrap" and one.glued()["_per_seed"] == [one.primary.estimate]
