@@ -150,6 +150,30 @@ def beam_search(step: Step, prompt: torch.Tensor, beam_width: int, max_new_token
                  log_probs=logp_sum.view(*lead, B), lengths=lengths.view(*lead, B))
 
 
+def nanogpt_generate_as_printed(model: torch.nn.Module, idx: torch.Tensor, max_new_tokens: int,
+                                temperature: float = 1.0, top_k: int | None = None) -> torch.Tensor:
+    """001 Part 3, Listing 4 (nanoGPT's ``generate``) taken as the document prints it: its second
+    block, from the top-k truncation to the appended token, lost its indentation, so the loop only
+    computes logits and one token is sampled after it, whatever ``max_new_tokens`` (≥ 1) asks.
+
+    ``model`` has nanoGPT's interface: ``model(idx)`` returns (logits (B, T, V), loss) and
+    ``model.config.block_size`` bounds the context. Returns ``idx`` (B, T) with one token
+    appended, (B, T + 1). Kept to show the erratum; nanoGPT runs the whole body in the loop.
+    """
+    _check_count(max_new_tokens, "max_new_tokens", 1)
+    for _ in range(max_new_tokens):
+        idx_cond = idx if idx.size(1) <= model.config.block_size \
+            else idx[:, -model.config.block_size:]
+        logits, _ = model(idx_cond)
+        logits = logits[:, -1, :] / temperature
+    if top_k is not None:
+        v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
+        logits[logits < v[:, [-1]]] = -float('Inf')
+    probs = torch.nn.functional.softmax(logits, dim=-1)
+    idx_next = torch.multinomial(probs, num_samples=1)
+    return torch.cat((idx, idx_next), dim=1)
+
+
 # --- what decoding produces: repetition (chapter 3's trade-off) ---------------------------------
 
 def _ngram_ids(tokens: torch.Tensor, n: int) -> torch.Tensor:

@@ -696,3 +696,28 @@ def test_any_finite_or_extreme_logits_and_temperature_give_finite_probabilities_
     for fn in (S.sample, S.gumbel_max_sample):
         token = int(fn(z, tau, k, p, generator=g))
         assert 0 <= token < len(row) and kept[0, token] > 0
+
+
+class _RecordingBigram(torch.nn.Module):
+    """nanoGPT's interface over a bigram table, recording the width of every context it is given."""
+
+    def __init__(self, table: torch.Tensor, block_size: int):
+        super().__init__()
+        self.table, self.widths = table, []
+        self.config = type("Config", (), {"block_size": block_size})()
+
+    def forward(self, idx):
+        self.widths.append(idx.shape[1])
+        return self.table[idx], None  # (B, T, V)
+
+
+def test_listing_as_printed_runs_the_loop_but_samples_one_token_after_it():
+    table = torch.tensor([[0.0, 3.0, 1.0], [2.0, 0.0, 5.0], [9.0, 1.0, 0.0]])  # (V, V) logits after each token
+    model = _RecordingBigram(table, block_size=2)
+    idx = torch.tensor([[0, 1, 2], [2, 2, 1]])
+    out = D.nanogpt_generate_as_printed(model, idx, 5, temperature=0.7, top_k=1)
+    assert out.shape == (2, 4) and torch.equal(out[:, :3], idx)  # one token, not five
+    assert out[:, 3].tolist() == [0, 2]  # top-1: the argmax after each row's last token
+    assert model.widths == [2] * 5  # five forward passes over the last block_size tokens, then one draw
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        D.nanogpt_generate_as_printed(model, idx, 0)
