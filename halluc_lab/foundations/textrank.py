@@ -72,7 +72,8 @@ def google_matrix(weights: np.ndarray, damping: float) -> np.ndarray:
     """G = d·S + (1 − d)/N (N, N), S the row-normalised weights with dangling rows uniform.
 
     The random surfer's one step, row-stochastic; :func:`pagerank` reaches its fixed point without
-    building it. Example: ``google_matrix(np.array([[0, 1], [0, 0]]), 0.5)`` → [[0.25, 0.75], [0.5, 0.5]].
+    building it. Example: ``google_matrix(np.array([[0, 1], [0, 0]]), 0.5)`` →
+    [[0.25, 0.75], [0.5, 0.5]].
     """
     w = _check_weights(weights)
     _check_damping(damping)
@@ -82,7 +83,8 @@ def google_matrix(weights: np.ndarray, damping: float) -> np.ndarray:
     return damping * walk + (1 - damping) / n
 
 
-def power_iteration(G: np.ndarray, tol: float = 1e-10, max_iter: int = 1000) -> tuple[np.ndarray, list[float]]:
+def power_iteration(G: np.ndarray, tol: float = 1e-10,
+                    max_iter: int = 1000) -> tuple[np.ndarray, list[float]]:
     """r_{t+1} = r_t G from the uniform vector, for a row-stochastic (N, N) ``G``.
 
     Returns r and the L1 change at every step, stopping once it is below ``tol`` (or after
@@ -91,7 +93,8 @@ def power_iteration(G: np.ndarray, tol: float = 1e-10, max_iter: int = 1000) -> 
     G = np.asarray(G, dtype=np.float64)
     if G.ndim != 2 or G.shape[0] != G.shape[1] or G.shape[0] == 0:
         raise ValueError(f"G must be a non-empty square (N, N) matrix, got shape {G.shape}")
-    if isinstance(tol, bool) or not isinstance(tol, (int, float)) or not (np.isfinite(tol) and tol > 0):
+    if isinstance(tol, bool) or not isinstance(tol, (int, float)) or not (
+            np.isfinite(tol) and tol > 0):
         raise ValueError(f"tol must be finite and > 0, got {tol!r}")
     if isinstance(max_iter, bool) or not isinstance(max_iter, (int, np.integer)) or max_iter < 1:
         raise ValueError(f"max_iter must be an integer >= 1, got {max_iter!r}")
