@@ -45,24 +45,25 @@ class Rows:
     """Sequences and what the loss and the evaluation read from them; one row per sequence."""
 
     ids: torch.Tensor  # (n, T) token ids
-    chain: torch.Tensor  # (n, T) bool: x_t is a chain step whose history (x_{t−1}, x_{t−lag}) is intact
+    chain: torch.Tensor  # (n, T) bool: x_t is a chain step, its history x_{t−1}, x_{t−lag} intact
     recall: torch.Tensor  # (n, T) bool: x_t is a value recalled from its key's earlier appearance
     probe: torch.Tensor  # (n,) position of the probe's recalled value; −1 where there is none
     distance: torch.Tensor  # (n,) tokens between the probe key's two appearances; 0 without a probe
 
     def batch(self) -> Batch:
-        """Labels on the chain steps and the recalled values, IGNORE elsewhere (the loss shifts them)."""
+        """Labels on the chain steps and recalled values, IGNORE elsewhere (the loss shifts)."""
         return Batch(self.ids, torch.where(self.chain | self.recall, self.ids, IGNORE))
 
     @staticmethod
     def cat(parts: list[Rows]) -> Rows:
-        return Rows(*(torch.cat([getattr(p, f.name) for p in parts]) for f in dataclasses.fields(Rows)))
+        fields = dataclasses.fields(Rows)
+        return Rows(*(torch.cat([getattr(p, f.name) for p in parts]) for f in fields))
 
 
 def spaced_starts(n_rows: int, n: int, lo: int, hi: int, rng: np.random.Generator) -> np.ndarray:
-    """(n_rows, n) sorted positions in [lo, hi], any two at least 2 apart so that a key and its value
-    fit after each; uniform over such sets (n sorted draws from hi − lo − n + 2 places, the i-th
-    shifted right by i)."""
+    """(n_rows, n) sorted positions in [lo, hi], any two at least 2 apart so that a key and its
+    value fit after each; uniform over such sets (n sorted draws from hi − lo − n + 2 places, the
+    i-th shifted right by i)."""
     places = hi - lo - n + 2
     if places < n:
         raise ValueError(f"{n} key–value pairs do not fit between positions {lo} and {hi + 1}")
@@ -72,7 +73,7 @@ def spaced_starts(n_rows: int, n: int, lo: int, hi: int, rng: np.random.Generato
 
 @dataclasses.dataclass(frozen=True)
 class ChainRecall:
-    """The experiment's sequences: a chain with a ``lag``-back dependency, key–value pairs over it."""
+    """The experiment's sequences: a chain with a ``lag``-back dependency, key–value pairs on it."""
 
     v_chain: int = 64  # chain tokens, ids 0 … v_chain − 1
     n_succ: int = 4  # successors of each chain token
@@ -98,7 +99,8 @@ class ChainRecall:
 
     def successors(self, rng: np.random.Generator) -> np.ndarray:
         """(v_chain, n_succ) the successors of each chain token, distinct, drawn from ``rng``."""
-        return np.stack([rng.choice(self.v_chain, self.n_succ, replace=False) for _ in range(self.v_chain)])
+        return np.stack([rng.choice(self.v_chain, self.n_succ, replace=False)
+                         for _ in range(self.v_chain)])
 
     def chain_walks(self, successors: np.ndarray, n_rows: int, length: int,
                     rng: np.random.Generator) -> np.ndarray:
@@ -110,7 +112,7 @@ class ChainRecall:
         noisy = rng.random((n_rows, length)) < self.noise
         random_pick = rng.integers(0, self.n_succ, size=(n_rows, length))
         for t in range(lag, length):
-            pick = np.where(noisy[:, t], random_pick[:, t], out[:, t - lag] % self.n_succ)  # (n_rows,)
+            pick = np.where(noisy[:, t], random_pick[:, t], out[:, t - lag] % self.n_succ)  # (n,)
             out[:, t] = successors[out[:, t - 1], pick]
         return out
 
@@ -134,23 +136,29 @@ class ChainRecall:
         else:
             first, last = hi - probe_distance, hi
             if first < lo:
-                raise ValueError(f"a probe {probe_distance} tokens back does not fit in {length} tokens")
+                raise ValueError(f"a probe {probe_distance} tokens back does not fit in {length} "
+                                 "tokens")
             others = spaced_starts(n_rows, n - 2, lo, hi, rng)
-            while (clash := ((np.abs(others - first) <= 1) | (np.abs(others - last) <= 1)).any(axis=1)).any():
-                others[clash] = spaced_starts(int(clash.sum()), n - 2, lo, hi, rng)  # redraw those rows
+            near = lambda at: np.abs(others - at) <= 1  # noqa: E731  (n_rows, n − 2)
+            while (clash := (near(first) | near(last)).any(axis=1)).any():
+                others[clash] = spaced_starts(int(clash.sum()), n - 2, lo, hi, rng)  # redraw them
             probe_key = rng.integers(0, n_keys, size=(n_rows, 1))
             # never the probe's key
-            other_keys = (probe_key + 1 + rng.integers(0, n_keys - 1, size=(n_rows, n - 2))) % n_keys
+            other_keys = (probe_key + 1 + rng.integers(0, n_keys - 1, size=(n_rows, n - 2))
+                          ) % n_keys
             starts = np.concatenate([np.tile([first, last], (n_rows, 1)), others], axis=1)
             keys = np.concatenate([probe_key, probe_key, other_keys], axis=1)
         order = np.argsort(starts, axis=1)
-        starts, keys = np.take_along_axis(starts, order, axis=1), np.take_along_axis(keys, order, axis=1)
-        binding = rng.integers(0, self.n_values, size=(n_rows, n_keys))  # each key's value in the row
+        starts = np.take_along_axis(starts, order, axis=1)
+        keys = np.take_along_axis(keys, order, axis=1)
+        binding = rng.integers(0, self.n_values, size=(n_rows, n_keys))  # each key's value here
         ids[rows, starts] = self.key0 + keys
-        ids[rows, starts + 1] = self.value0 + keys * self.n_values + np.take_along_axis(binding, keys, axis=1)
+        ids[rows, starts + 1] = (self.value0 + keys * self.n_values
+                                 + np.take_along_axis(binding, keys, axis=1))
         planted = np.zeros(ids.shape, dtype=bool)
         planted[rows, starts] = planted[rows, starts + 1] = True
-        again = np.tril(keys[:, :, None] == keys[:, None, :], k=-1).any(axis=2)  # the key appeared before
+        # (n_rows, n) the key appeared before
+        again = np.tril(keys[:, :, None] == keys[:, None, :], k=-1).any(axis=2)
         recall = np.zeros_like(planted)
         recall[rows, starts + 1] = again
         chain = np.zeros_like(planted)
@@ -160,16 +168,16 @@ class ChainRecall:
         return Rows(*(torch.from_numpy(a) for a in (ids, chain, recall, probe, distance)))
 
     def stream(self, successors: np.ndarray, n_rows: int, length: int, seed: int, tag: int):
-        """``step -> Batch`` of fresh sequences (seeded by seed, tag and step): none is seen twice."""
+        """``step -> Batch`` of fresh sequences (seeded by seed, tag and step): none seen twice."""
         return lambda step: self.sequences(successors, n_rows, length,
                                            np.random.default_rng([seed, tag, step])).batch()
 
     def pairs_consistent(self, rows: Rows) -> bool:
         """Every appearance of a key is followed by the same value, exactly the later appearances'
-        values are recalled, and a probe's key appears twice: at the probe and its distance before."""
+        values are recalled, and a probe's key appears twice: at the probe and d tokens before."""
         key0, value0 = self.key0, self.value0
-        for ids, recalled, probe, d in zip(rows.ids.numpy(), rows.recall.numpy(), rows.probe.numpy(),
-                                           rows.distance.numpy()):
+        for ids, recalled, probe, d in zip(rows.ids.numpy(), rows.recall.numpy(),
+                                           rows.probe.numpy(), rows.distance.numpy()):
             at = np.flatnonzero((ids >= key0) & (ids < value0))  # key positions, in order
             bound, expected = {}, np.zeros_like(recalled)
             for p in at:
@@ -197,8 +205,8 @@ def probe_distances(mult: int, L: int, lag: int) -> list[int]:
     return [d for d in near_and_far if d <= mult * L - 2 - lag]
 
 
-def evaluation_sets(world: ChainRecall, successors: np.ndarray, seed: int, L: int, mults: Sequence[int],
-                    rows_per_distance: int) -> dict[int, Rows]:
+def evaluation_sets(world: ChainRecall, successors: np.ndarray, seed: int, L: int,
+                    mults: Sequence[int], rows_per_distance: int) -> dict[int, Rows]:
     """mult -> rows_per_distance sequences of mult·L tokens for each probe distance (held out: their
     own random stream)."""
     return {m: Rows.cat([world.sequences(successors, rows_per_distance, m * L,
@@ -210,7 +218,7 @@ def evaluation_sets(world: ChainRecall, successors: np.ndarray, seed: int, L: in
 class Reading:
     """One model read on one evaluation set."""
 
-    curve: torch.Tensor  # (T − 1,) chain loss of targets 1 … T − 1, mean over rows (NaN: no chain step)
+    curve: torch.Tensor  # (T − 1,) chain loss of targets 1 … T − 1, row mean (NaN: no chain step)
     within: np.ndarray  # (n,) each row's mean chain loss on targets lag … L − 1
     beyond: np.ndarray  # (n,) on targets L … T − 1
     correct: np.ndarray  # (n,) the probe's value is the model's most likely next token
@@ -225,13 +233,15 @@ def read(m: Transformer, rows: Rows, L: int, lag: int, rt: Runtime) -> Reading:
         x, at = rows.ids[lo:lo + 32].to(rt.device), rows.probe[lo:lo + 32].to(rt.device)
         with rt.autocast():
             logits = m(x)  # (b, T, V)
-        losses.append(F.cross_entropy(logits[:, :-1].float().transpose(1, 2), x[:, 1:], reduction="none").cpu())
+        losses.append(F.cross_entropy(logits[:, :-1].float().transpose(1, 2), x[:, 1:],
+                                      reduction="none").cpu())
         b = torch.arange(len(x), device=rt.device)
-        correct.append((logits[b, at - 1].argmax(-1) == x[b, at]).cpu())  # the logits before the value
-    loss = torch.cat(losses).masked_fill(~rows.chain[:, 1:], float("nan"))  # (n, T − 1): chain steps only
+        correct.append((logits[b, at - 1].argmax(-1) == x[b, at]).cpu())  # logits before the value
+    # (n, T − 1): chain steps only
+    loss = torch.cat(losses).masked_fill(~rows.chain[:, 1:], float("nan"))
     per_row_ = lambda a, b: loss[:, a - 1:b - 1].nanmean(1).numpy()  # noqa: E731  targets a … b − 1
-    return Reading(loss.nanmean(0), per_row_(lag, L), per_row_(L, loss.shape[1] + 1), torch.cat(correct).numpy(),
-                   rows.distance.numpy())
+    return Reading(loss.nanmean(0), per_row_(lag, L), per_row_(L, loss.shape[1] + 1),
+                   torch.cat(correct).numpy(), rows.distance.numpy())
 
 
 def with_scaling(trained: Transformer, scaling: RopeScaling | None, rt: Runtime) -> Transformer:
@@ -246,7 +256,7 @@ class Plan:
     """What :func:`run_seed` trains and reads; the scalings are named by the chapter's methods."""
 
     L: int  # training length
-    methods: Sequence[str]  # the methods, "no scaling" first; scaling(method, s) gives each one's RoPE
+    methods: Sequence[str]  # "no scaling" first; scaling(method, s) gives each one's RoPE
     freq_only: str  # the label of YaRN's frequencies without its attention factor (read zero-shot)
     mults: Sequence[int]  # read zero-shot at mult·L with s = mult
     ft_mult: int  # fine-tune at ft_mult·L
@@ -272,7 +282,8 @@ class SeedRun:
 def run_seed(world: ChainRecall, config: ModelConfig, seed: int, plan: Plan,
              scaling: Callable[[str, float], RopeScaling | None], rt: Runtime) -> SeedRun:
     """Pre-train at L on fresh sequences, read zero-shot at every mult·L under every method, then
-    fine-tune each method at ft_mult·L with each factor (no scaling once) and read at ft_mult·L and 8L."""
+    fine-tune each method at ft_mult·L with each factor (no scaling once) and read at ft_mult·L and
+    8L."""
     L, lag, readings = plan.L, world.lag, {}
     autocast_dtype = rt.dtype if rt.device.type == "cuda" else None
     successors = world.successors(np.random.default_rng(seed))  # (v_chain, n_succ)
@@ -280,21 +291,24 @@ def run_seed(world: ChainRecall, config: ModelConfig, seed: int, plan: Plan,
     well_formed = all(world.pairs_consistent(rows) for rows in evals.values())
     model = Transformer(config, seed=seed).to(rt.device)
     history = train(model, world.stream(successors, plan.train_rows, L, seed, tag=1),
-                    TrainConfig(steps=plan.train_steps, lr=3e-3, warmup_steps=plan.train_steps // 10,
-                                log_every=10),
+                    TrainConfig(steps=plan.train_steps, lr=3e-3,
+                                warmup_steps=plan.train_steps // 10, log_every=10),
                     autocast_dtype=autocast_dtype, desc=f"seed {seed}: pre-train at L = {L}")
     model.eval()
     for m in plan.mults:
         for meth in plan.methods:
-            readings[(seed, "zero-shot", meth, m, m)] = read(with_scaling(model, scaling(meth, m), rt),
-                                                            evals[m], L, lag, rt)
-        readings[(seed, "zero-shot", plan.freq_only, m, m)] = read(with_scaling(model, dataclasses.replace(
-            scaling("YaRN", m), attention_factor=1.0), rt), evals[m], L, lag, rt)  # YaRN without its 1/t
+            readings[(seed, "zero-shot", meth, m, m)] = read(
+                with_scaling(model, scaling(meth, m), rt), evals[m], L, lag, rt)
+        # YaRN's frequencies without its 1/t
+        freq_only = dataclasses.replace(scaling("YaRN", m), attention_factor=1.0)
+        readings[(seed, "zero-shot", plan.freq_only, m, m)] = read(
+            with_scaling(model, freq_only, rt), evals[m], L, lag, rt)
     steps = plan.finetune_steps
     for meth in plan.methods:
         for f in plan.ft_factors if meth != "no scaling" else plan.ft_factors[:1]:
             tuned = with_scaling(model, scaling(meth, f), rt)
-            train(tuned, world.stream(successors, plan.finetune_rows, plan.ft_mult * L, seed, tag=3),
+            train(tuned, world.stream(successors, plan.finetune_rows, plan.ft_mult * L, seed,
+                                      tag=3),
                   TrainConfig(steps=steps, lr=1e-3, warmup_steps=steps // 10, log_every=10),
                   autocast_dtype=autocast_dtype,
                   desc=f"seed {seed}: fine-tune {meth}, s = {f:g}, at {plan.ft_mult}L")
@@ -321,12 +335,12 @@ def per_row(readings: dict, seeds: Sequence[int], key: tuple, field: str, keep=N
 
 
 def perplexity(readings: dict, seeds: Sequence[int], key: tuple, field: str) -> stats.Interval:
-    """Chain perplexity, exp of the mean loss of a row, with a bootstrap interval over seeds and rows."""
+    """Chain perplexity, exp of a row's mean loss, with a bootstrap interval over seeds and rows."""
     return stats.bootstrap_mean(per_row(readings, seeds, key, field)).map(math.exp)
 
 
 def recall(readings: dict, seeds: Sequence[int], key: tuple, keep) -> stats.Interval:
-    """Share of probes answered right, rows chosen by ``keep(distance)``, with a bootstrap interval."""
+    """Share of probes answered right, rows chosen by ``keep(distance)``, a bootstrap interval."""
     return stats.bootstrap_mean(per_row(readings, seeds, key, "correct", keep))
 
 
@@ -336,8 +350,8 @@ def moved(a: stats.Interval, b: stats.Interval) -> int:
 
 
 def binned_ppl(loss: torch.Tensor, width: int) -> np.ndarray:
-    """Perplexity in consecutive windows of ``width`` target positions, the last one possibly shorter
-    (NaN positions, not chain steps, skipped)."""
+    """Perplexity in consecutive windows of ``width`` target positions, the last one possibly
+    shorter (NaN positions, not chain steps, skipped)."""
     n = -(-len(loss) // width)  # windows, rounded up
     padded = torch.full((n * width,), float("nan"), dtype=loss.dtype)
     padded[:len(loss)] = loss
