@@ -286,7 +286,7 @@ def test_rope_on_cuda_equals_hugging_face_on_cuda():
     torch.testing.assert_close(apply_rope(x, cos, sin), hf_q, atol=1e-5, rtol=0)
 
 
-# ---------------------------------------------------------------- RoPE as a bilinear form (001 App. A)
+# ------------------------------------------------------------ RoPE as a bilinear form (001 App. A)
 
 def _head(seed: int, d: int = 12, d_h: int = 6, T: int = 5):
     g = torch.Generator().manual_seed(seed)
@@ -300,11 +300,13 @@ def test_rope_head_scores_match_complex_rotation_and_the_bilinear_form(seed):
     H, W_Q, W_K, _, theta = _head(seed)
     q, k = W_Q @ H, W_K @ H  # (d_h, T)
     t = torch.arange(H.shape[1], dtype=torch.float64)
-    turn = torch.polar(torch.ones_like(theta[:, None] * t), theta[:, None] * t)  # (d_h/2, T) e^{i t θ}
+    angle = theta[:, None] * t  # (d_h/2, T)
+    turn = torch.polar(torch.ones_like(angle), angle)  # e^{i t θ}
     zq, zk = torch.complex(q[0::2], q[1::2]) * turn, torch.complex(k[0::2], k[1::2]) * turn
     oracle = (zq.T[:, None, :] * zk.T[None, :, :].conj()).real.sum(-1) / math.sqrt(W_Q.shape[0])
     torch.testing.assert_close(pos.rope_head_scores(H, W_Q, W_K, theta), oracle, rtol=0, atol=1e-12)
-    torch.testing.assert_close(pos.rope_bilinear_scores(H, W_Q, W_K, theta), oracle, rtol=0, atol=1e-12)
+    form = pos.rope_bilinear_scores(H, W_Q, W_K, theta)
+    torch.testing.assert_close(form, oracle, rtol=0, atol=1e-12)
     assert pos.rotation_composition_error(theta, 7) < 1e-12
 
 
