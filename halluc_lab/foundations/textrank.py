@@ -63,6 +63,51 @@ def _check_weights(weights: np.ndarray) -> np.ndarray:
     return w
 
 
+def _check_damping(damping: float) -> None:
+    if isinstance(damping, bool) or not isinstance(damping, (int, float)) or not 0 < damping < 1:
+        raise ValueError(f"damping must be in the open interval (0, 1), got {damping!r}")
+
+
+def google_matrix(weights: np.ndarray, damping: float) -> np.ndarray:
+    """G = d·S + (1 − d)/N (N, N), S the row-normalised weights with dangling rows uniform.
+
+    The random surfer's one step, row-stochastic; :func:`pagerank` reaches its fixed point without
+    building it. Example: ``google_matrix(np.array([[0, 1], [0, 0]]), 0.5)`` →
+    [[0.25, 0.75], [0.5, 0.5]].
+    """
+    w = _check_weights(weights)
+    _check_damping(damping)
+    n = len(w)
+    out = w.sum(axis=1, keepdims=True)  # (N, 1) out-weight of each node
+    walk = np.where(out > 0, w / np.where(out > 0, out, 1.0), 1.0 / n)
+    return damping * walk + (1 - damping) / n
+
+
+def power_iteration(G: np.ndarray, tol: float = 1e-10,
+                    max_iter: int = 1000) -> tuple[np.ndarray, list[float]]:
+    """r_{t+1} = r_t G from the uniform vector, for a row-stochastic (N, N) ``G``.
+
+    Returns r and the L1 change at every step, stopping once it is below ``tol`` (or after
+    ``max_iter`` steps): the plain iteration that :func:`pagerank` runs without building G.
+    """
+    G = np.asarray(G, dtype=np.float64)
+    if G.ndim != 2 or G.shape[0] != G.shape[1] or G.shape[0] == 0:
+        raise ValueError(f"G must be a non-empty square (N, N) matrix, got shape {G.shape}")
+    if isinstance(tol, bool) or not isinstance(tol, (int, float)) or not (
+            np.isfinite(tol) and tol > 0):
+        raise ValueError(f"tol must be finite and > 0, got {tol!r}")
+    if isinstance(max_iter, bool) or not isinstance(max_iter, (int, np.integer)) or max_iter < 1:
+        raise ValueError(f"max_iter must be an integer >= 1, got {max_iter!r}")
+    r, changes = np.full(len(G), 1.0 / len(G)), []
+    for _ in range(max_iter):
+        new = r @ G
+        changes.append(float(np.abs(new - r).sum()))
+        r = new
+        if changes[-1] < tol:
+            break
+    return r, changes
+
+
 def pagerank(weights: np.ndarray, damping: float = 0.85, tol: float = 1e-10,
              max_iter: int = 1000) -> PageRankResult:
     """PageRank of every node of a weighted directed graph by power iteration (Page et al. 1999).
@@ -74,8 +119,7 @@ def pagerank(weights: np.ndarray, damping: float = 0.85, tol: float = 1e-10,
     Example: ``pagerank(np.array([[0, 1], [1, 0]])).scores`` → [0.5, 0.5].
     """
     w = _check_weights(weights)
-    if isinstance(damping, bool) or not isinstance(damping, (int, float)) or not 0 < damping < 1:
-        raise ValueError(f"damping must be in the open interval (0, 1), got {damping!r}")
+    _check_damping(damping)
     if isinstance(tol, bool) or not isinstance(tol, (int, float)) or not (np.isfinite(tol) and tol > 0):
         raise ValueError(f"tol must be finite and > 0, got {tol!r}")
     if isinstance(max_iter, bool) or not isinstance(max_iter, (int, np.integer)) or max_iter < 1:

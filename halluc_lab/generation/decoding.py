@@ -150,6 +150,86 @@ def beam_search(step: Step, prompt: torch.Tensor, beam_width: int, max_new_token
                  log_probs=logp_sum.view(*lead, B), lengths=lengths.view(*lead, B))
 
 
+def nanogpt_generate_as_printed(model: torch.nn.Module, idx: torch.Tensor, max_new_tokens: int,
+                                temperature: float = 1.0, top_k: int | None = None) -> torch.Tensor:
+    """001 Part 3, Listing 4 (nanoGPT's ``generate``) taken as the document prints it: its second
+    block, from the top-k truncation to the appended token, lost its indentation, so the loop only
+    computes logits and one token is sampled after it, whatever ``max_new_tokens`` (≥ 1) asks.
+
+    ``model`` has nanoGPT's interface: ``model(idx)`` returns (logits (B, T, V), loss) and
+    ``model.config.block_size`` bounds the context. Returns ``idx`` (B, T) with one token
+    appended, (B, T + 1). Kept to show the erratum; nanoGPT runs the whole body in the loop.
+    """
+    _check_count(max_new_tokens, "max_new_tokens", 1)
+    for _ in range(max_new_tokens):
+        idx_cond = idx if idx.size(1) <= model.config.block_size \
+            else idx[:, -model.config.block_size:]
+        logits, _ = model(idx_cond)
+        logits = logits[:, -1, :] / temperature
+    if top_k is not None:
+        v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
+        logits[logits < v[:, [-1]]] = -float('Inf')
+    probs = torch.nn.functional.softmax(logits, dim=-1)
+    idx_next = torch.multinomial(probs, num_samples=1)
+    return torch.cat((idx, idx_next), dim=1)
+
+
+class ListingCalls:
+    """The helpers 002's "Cached Generation" loop calls but never defines, over one row of the
+    lab's model and its KV cache (``model.new_cache``), so the listing runs as printed.
+
+    ``compute_kv(ids)`` feeds a prompt and returns the cache; ``model(ids, kv_cache)`` returns the
+    last token's logits (V,) for a list of ids or one id, writing what it computes to the cache
+    when ``model_writes`` and else only reading (the cache's length is put back); ``update_cache``
+    feeds one token; ``sample`` picks greedily. ``held`` lists the tokens the cache holds, in
+    order, ``generated`` those ``sample`` returned, and ``should_hold`` what a right loop's cache
+    holds once its last token is sampled.
+    """
+
+    def __init__(self, model: torch.nn.Module, capacity: int, model_writes: bool):
+        self._model, self.cache = model, model.new_cache(1, capacity)
+        self.model_writes = model_writes
+        self.prompt: list[int] = []  # the ids compute_kv was given
+        self.held: list[int] = []
+        self.generated: list[int] = []
+
+    def _forward(self, ids: list[int], write: bool) -> torch.Tensor:
+        start = self.cache.lengths.clone()
+        with torch.no_grad():
+            out = self._model(torch.tensor([ids]), cache=self.cache)[0, -1]  # (V,) of the last id
+        if write:
+            self.held.extend(ids)
+        else:
+            self.cache.lengths.copy_(start)  # a read: what the call wrote is forgotten
+        return out
+
+    def model(self, ids, kv_cache) -> torch.Tensor:
+        return self._forward(ids if isinstance(ids, list) else [ids], write=self.model_writes)
+
+    def compute_kv(self, ids: list[int]):
+        self.prompt = list(ids)
+        self._forward(ids, write=True)
+        return self.cache
+
+    def update_cache(self, kv_cache, token: int):
+        self._forward([token], write=True)
+        return kv_cache
+
+    def sample(self, logits: torch.Tensor) -> int:
+        token = int(greedy(logits))
+        self.generated.append(token)
+        return token
+
+    def helpers(self) -> tuple:
+        """``model``, ``compute_kv``, ``update_cache`` and ``sample``, in that order."""
+        return self.model, self.compute_kv, self.update_cache, self.sample
+
+    @property
+    def should_hold(self) -> list[int]:
+        """The prompt and every generated token but the last, each once, in order."""
+        return self.prompt + self.generated[:-1]
+
+
 # --- what decoding produces: repetition (chapter 3's trade-off) ---------------------------------
 
 def _ngram_ids(tokens: torch.Tensor, n: int) -> torch.Tensor:

@@ -319,3 +319,51 @@ def half_to_interleaved(x: Tensor) -> Tensor:
     _check_head_dim(x.shape[-1], "x.shape[-1]")
     first, second = x.chunk(2, dim=-1)  # (..., D/2) each
     return torch.stack([first, second], dim=-1).flatten(-2)
+
+
+# ------------------------------------------------------------------------ RoPE as a bilinear form
+
+def _rotations(theta: Tensor):
+    """u -> R_u = rotation_matrix(u·θ), 001 App. A's adjacent-pair rotations (d_h, d_h)."""
+    return lambda u: rotation_matrix(u * theta)
+
+
+def rotation_composition_error(theta: Tensor, T: int) -> float:
+    """max over t, s < T of |R_tᵀ R_s − R_{s−t}|: RoPE's scores depend on s − t alone (001 A)."""
+    R = _rotations(theta)
+    return max(float((R(t).T @ R(s) - R(s - t)).abs().max()) for t in range(T) for s in range(T))
+
+
+def rope_head_scores(H: Tensor, W_Q: Tensor, W_K: Tensor, theta: Tensor) -> Tensor:
+    """(T, T) scores a(t, s) = (R_t W_Q h_t)ᵀ (R_s W_K h_s) / √d_h of one head, rows t (001 App. A
+    eq. (14)), from the rotated projections; ``H`` (d, T) holds h_1 … h_T as columns, ``W_Q`` and
+    ``W_K`` are (d_h, d), ``theta`` (d_h/2,)."""
+    T, R = H.shape[1], _rotations(theta)
+    q, k = W_Q @ H, W_K @ H  # (d_h, T)
+    return torch.stack([torch.stack([(R(t) @ q[:, t]) @ (R(s) @ k[:, s]) for s in range(T)])
+                        for t in range(T)]) / math.sqrt(W_Q.shape[0])
+
+
+def rope_bilinear_scores(H: Tensor, W_Q: Tensor, W_K: Tensor, theta: Tensor) -> Tensor:
+    """The same scores as the bilinear form h_tᵀ (W_Qᵀ R_{s−t} W_K) h_s / √d_h, (T, T) rows t."""
+    T, R = H.shape[1], _rotations(theta)
+    scores = torch.stack([torch.stack([H[:, t] @ (W_Q.T @ R(s - t) @ W_K) @ H[:, s]
+                                       for s in range(T)]) for t in range(T)])  # (T, T)
+    return scores / math.sqrt(W_Q.shape[0])
+
+
+def rope_column_head(H: Tensor, W_Q: Tensor, W_K: Tensor, W_V: Tensor, theta: Tensor,
+                     masked_triangle: str) -> Tensor:
+    """001 App. A Remark 3 in its columns convention: V_k softmax(K_kᵀQ_k / √d_h), the softmax
+    down each column (over keys s), with one triangle of K_kᵀQ_k set to −∞: "upper" masks the
+    keys s < t (as Remark 3 says), "lower" the keys s > t (causal). Returns (d_h, T)."""
+    if masked_triangle not in ("upper", "lower"):
+        raise ValueError(f"masked_triangle must be 'upper' or 'lower', got {masked_triangle!r}")
+    T, R = H.shape[1], _rotations(theta)
+    q, k = W_Q @ H, W_K @ H  # (d_h, T)
+    Q_k = torch.stack([R(t) @ q[:, t] for t in range(T)], 1)  # (d_h, T)
+    K_k = torch.stack([R(s) @ k[:, s] for s in range(T)], 1)
+    S = K_k.T @ Q_k / math.sqrt(W_Q.shape[0])  # (T, T): row s (key), column t (query)
+    s_idx, t_idx = torch.meshgrid(torch.arange(T), torch.arange(T), indexing="ij")
+    S = S.masked_fill(s_idx < t_idx if masked_triangle == "upper" else s_idx > t_idx, -math.inf)
+    return (W_V @ H) @ torch.softmax(S, dim=0)  # (d_h, T)

@@ -8,6 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from halluc_lab.model import positional as pos
 from halluc_lab.model.positional import (RopeScaling, apply_rope, apply_rope_interleaved, half_to_interleaved,
                                    interleaved_to_half, ntk_aware_base, rope_cos_sin, rope_frequencies,
                                    rotation_matrix, sinusoidal_encoding, sinusoidal_shift_matrix, usage_ratio,
@@ -283,3 +284,41 @@ def test_rope_on_cuda_equals_hugging_face_on_cuda():
     torch.testing.assert_close(sin, hf_sin, atol=1e-6, rtol=0)
     hf_q, _ = apply_rotary_pos_emb(x, x, hf_cos, hf_sin)
     torch.testing.assert_close(apply_rope(x, cos, sin), hf_q, atol=1e-5, rtol=0)
+
+
+# ------------------------------------------------------------ RoPE as a bilinear form (001 App. A)
+
+def _head(seed: int, d: int = 12, d_h: int = 6, T: int = 5):
+    g = torch.Generator().manual_seed(seed)
+    H = torch.randn(d, T, generator=g, dtype=torch.float64)  # h_1 … h_T as columns
+    W_Q, W_K, W_V = (torch.randn(d_h, d, generator=g, dtype=torch.float64) for _ in range(3))
+    return H, W_Q, W_K, W_V, pos.sinusoidal_frequencies(d_h)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_rope_head_scores_match_complex_rotation_and_the_bilinear_form(seed):
+    H, W_Q, W_K, _, theta = _head(seed)
+    q, k = W_Q @ H, W_K @ H  # (d_h, T)
+    t = torch.arange(H.shape[1], dtype=torch.float64)
+    angle = theta[:, None] * t  # (d_h/2, T)
+    turn = torch.polar(torch.ones_like(angle), angle)  # e^{i t θ}
+    zq, zk = torch.complex(q[0::2], q[1::2]) * turn, torch.complex(k[0::2], k[1::2]) * turn
+    oracle = (zq.T[:, None, :] * zk.T[None, :, :].conj()).real.sum(-1) / math.sqrt(W_Q.shape[0])
+    torch.testing.assert_close(pos.rope_head_scores(H, W_Q, W_K, theta), oracle, rtol=0, atol=1e-12)
+    form = pos.rope_bilinear_scores(H, W_Q, W_K, theta)
+    torch.testing.assert_close(form, oracle, rtol=0, atol=1e-12)
+    assert pos.rotation_composition_error(theta, 7) < 1e-12
+
+
+def test_rope_column_head_is_causal_only_with_the_lower_triangle_masked():
+    H, W_Q, W_K, W_V, theta = _head(2)
+    later = H.clone()
+    later[:, -1] += 1.0  # only the last token changes
+    leak = {tri: float((pos.rope_column_head(later, W_Q, W_K, W_V, theta, tri)[:, 0]
+                        - pos.rope_column_head(H, W_Q, W_K, W_V, theta, tri)[:, 0]).abs().max())
+            for tri in ("upper", "lower")}
+    assert leak["lower"] == 0.0 and leak["upper"] > 1e-3
+    out = pos.rope_column_head(H, W_Q, W_K, W_V, theta, "lower")
+    torch.testing.assert_close(out[:, 0], W_V @ H[:, 0])  # token 1 attends to itself alone
+    with pytest.raises(ValueError, match="masked_triangle"):
+        pos.rope_column_head(H, W_Q, W_K, W_V, theta, "both")

@@ -696,3 +696,66 @@ def test_any_finite_or_extreme_logits_and_temperature_give_finite_probabilities_
     for fn in (S.sample, S.gumbel_max_sample):
         token = int(fn(z, tau, k, p, generator=g))
         assert 0 <= token < len(row) and kept[0, token] > 0
+
+
+class _RecordingBigram(torch.nn.Module):
+    """nanoGPT's interface over a bigram table, recording the width of every context it is given."""
+
+    def __init__(self, table: torch.Tensor, block_size: int):
+        super().__init__()
+        self.table, self.widths = table, []
+        self.config = type("Config", (), {"block_size": block_size})()
+
+    def forward(self, idx):
+        self.widths.append(idx.shape[1])
+        return self.table[idx], None  # (B, T, V)
+
+
+def test_listing_as_printed_runs_the_loop_but_samples_one_token_after_it():
+    table = torch.tensor([[0.0, 3.0, 1.0], [2.0, 0.0, 5.0], [9.0, 1.0, 0.0]])  # (V, V) next logits
+    model = _RecordingBigram(table, block_size=2)
+    idx = torch.tensor([[0, 1, 2], [2, 2, 1]])
+    out = D.nanogpt_generate_as_printed(model, idx, 5, temperature=0.7, top_k=1)
+    assert out.shape == (2, 4) and torch.equal(out[:, :3], idx)  # one token, not five
+    assert out[:, 3].tolist() == [0, 2]  # top-1: the argmax after each row's last token
+    assert model.widths == [2] * 5  # five passes over the last block_size tokens, then one draw
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        D.nanogpt_generate_as_printed(model, idx, 0)
+
+
+def _listing_loop(calls, prompt, max_length):
+    """002's cached-generation loop over the helpers, the first token sampled from the prompt."""
+    kv_cache = calls.compute_kv(prompt)
+    new_token = calls.sample(calls.model(prompt, kv_cache=kv_cache))
+    for _ in range(max_length):
+        new_token = calls.sample(calls.model(new_token, kv_cache=kv_cache))
+        kv_cache = calls.update_cache(kv_cache, new_token)
+    return calls
+
+
+@pytest.mark.parametrize("model_writes", [True, False])
+def test_listing_calls_run_002s_loop_on_the_lab_cache_and_record_what_it_holds(model_writes):
+    from halluc_lab.model.transformer import ModelConfig, Transformer
+
+    config = ModelConfig(vocab_size=32, hidden_size=32, n_layers=2, n_heads=4, n_kv_heads=2,
+                         max_positions=64)
+    model = Transformer(config, seed=0).double().eval()
+    prompt = [3, 14, 15, 9, 26]
+    calls = _listing_loop(D.ListingCalls(model, 32, model_writes=model_writes), prompt, 4)
+    with torch.no_grad():
+        uncached = D.decode(lambda x: model(x)[:, -1], torch.tensor(prompt), 5)
+    uncached = uncached[len(prompt):].tolist()
+    assert calls.should_hold == prompt + calls.generated[:-1]
+    assert int(calls.cache.lengths[0]) == len(calls.held)  # held is what the cache holds
+    if model_writes:  # a model call appends, and update_cache appends the same token again
+        assert calls.held != calls.should_hold and len(calls.held) == len(prompt) * 2 + 2 * 4
+    else:  # a model call only reads: each token cached once, and the tokens are the uncached ones
+        assert calls.held == calls.should_hold and calls.generated == uncached
+
+
+def test_listing_calls_hands_out_its_helpers_in_the_listings_order():
+    from halluc_lab.model.transformer import ModelConfig, Transformer
+
+    model = Transformer(ModelConfig(vocab_size=8, hidden_size=16, n_layers=1, n_heads=2), seed=0)
+    calls = D.ListingCalls(model, 8, model_writes=False)
+    assert calls.helpers() == (calls.model, calls.compute_kv, calls.update_cache, calls.sample)

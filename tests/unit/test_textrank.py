@@ -5,7 +5,8 @@ import math
 import numpy as np
 import pytest
 
-from halluc_lab.foundations.textrank import PageRankResult, cooccurrence_graph, keywords, pagerank
+from halluc_lab.foundations.textrank import (PageRankResult, cooccurrence_graph, google_matrix,
+                                             keywords, pagerank, power_iteration)
 
 # ---------------------------------------------------------------- PageRank
 
@@ -119,6 +120,40 @@ def test_scaling_a_nodes_out_weights_changes_nothing():
 def test_pagerank_rejects_bad_input(weights, kwargs, message):
     with pytest.raises(ValueError, match=message):
         pagerank(weights, **kwargs)
+
+
+@pytest.mark.parametrize("seed, n, n_dangling", [(0, 1, 0), (4, 5, 2), (7, 30, 10)])
+@pytest.mark.parametrize("damping", [0.5, 0.85])
+def test_power_iteration_on_the_google_matrix_reaches_pagerank_contracting_by_d(seed, n, n_dangling,
+                                                                                damping):
+    w = _random_graph(seed, n, n_dangling=n_dangling)
+    G = google_matrix(w, damping)
+    np.testing.assert_allclose(G.sum(axis=1), 1.0, atol=1e-12)  # row-stochastic
+    assert G.min() >= (1 - damping) / n - 1e-15  # every entry gets the teleport
+    r, changes = power_iteration(G)
+    assert changes[-1] < 1e-10 <= min(changes[:-1], default=1.0)  # stops at the first below tol
+    assert all(b <= damping * a + 1e-15 for a, b in zip(changes, changes[1:]))
+    np.testing.assert_allclose(r, pagerank(w, damping=damping).scores, atol=1e-9)
+    np.testing.assert_allclose(r, _stationary(w, damping), atol=1e-9)
+
+
+def test_google_matrix_spreads_a_dangling_row_uniformly():
+    G = google_matrix(np.array([[0.0, 1.0], [0.0, 0.0]]), 0.5)
+    np.testing.assert_allclose(G, [[0.25, 0.75], [0.5, 0.5]])
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: google_matrix(np.ones((2, 3)), 0.85), "square"),
+    (lambda: google_matrix(np.array([[0.0, -1.0], [1.0, 0.0]]), 0.85), "non-negative"),
+    (lambda: google_matrix(np.ones((2, 2)), 1.0), "damping"),
+    (lambda: power_iteration(np.ones((2, 3))), "square"),
+    (lambda: power_iteration(np.zeros((0, 0))), "square"),
+    (lambda: power_iteration(np.eye(2), tol=0.0), "tol"),
+    (lambda: power_iteration(np.eye(2), max_iter=0), "max_iter"),
+])
+def test_google_matrix_and_power_iteration_reject_bad_input(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
 
 
 # ---------------------------------------------------------------- co-occurrence graph
