@@ -27,11 +27,8 @@ methods) states a difference only where an interval excludes zero; the prose the
   also lists what a chapter glues under the contrast's name.
 - :func:`per_seed` — a chapter's results as the (seeds, prompts) grid every interval above takes;
   :func:`between`, the interval of one arm minus another from those grids.
-- :func:`rate_and_se`, :func:`position_rates` and :func:`matched_difference` — rates of an event
-  by position in token sequences, with the sequences as the independent units (chapter 1's
-  teacher-forced against free-running error rates): a pooled rate with its standard error, and two
-  sets of sequences compared position by position, averaged with one set's length mix, so that the
-  two sets' different lengths do not enter; the intervals bootstrap the sequences within each set.
+- Rates of an event by position in token sequences (chapter 1) are
+  :mod:`halluc_lab.evaluation.sequence_rates`.
 - :func:`reliability` — calibration (chapter 11): answers binned by the model's confidence, each bin's
   accuracy beside its mean confidence (the reliability diagram), and the expected calibration error
   ECE = Σ_b (n_b/N) |accuracy_b − confidence_b| (Guo et al., 2017) over equal-width bins.
@@ -48,7 +45,6 @@ from dataclasses import dataclass
 from statistics import NormalDist
 
 import numpy as np
-import torch
 from scipy.stats import t as student_t
 
 CONFIDENCE = 0.95  # the default level of every interval in the book
@@ -131,7 +127,7 @@ def _check_confidence(confidence: float) -> None:
         raise ValueError(f"confidence must be a float in (0, 1), got {confidence!r}")
 
 
-def _check_int(name: str, value, minimum: int | None = None) -> None:
+def check_int(name: str, value, minimum: int | None = None) -> None:
     """``value`` must be a Python or NumPy integer (not a bool), at least ``minimum`` if given."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"{name} must be an int, got {value!r}")
@@ -146,8 +142,8 @@ def wilson(successes: int, n: int, confidence: float = CONFIDENCE) -> Interval:
     '0.8000 [0.4902, 0.9433]'
     """
     _check_confidence(confidence)
-    _check_int("successes", successes)
-    _check_int("n", n)
+    check_int("successes", successes)
+    check_int("n", n)
     if n < 1 or not 0 <= successes <= n:
         raise ValueError(f"need n >= 1 and 0 <= successes <= n, got successes={successes}, n={n}")
     z = NormalDist().inv_cdf(0.5 + confidence / 2)
@@ -173,8 +169,8 @@ def _as_grid(x, name: str) -> np.ndarray:
 def _bootstrap(grid: np.ndarray, confidence: float, resamples: int, seed: int) -> Interval:
     """Percentile interval of the grid's mean under resampling seeds (rows) and prompts (columns)."""
     _check_confidence(confidence)
-    _check_int("resamples", resamples, 100)
-    _check_int("seed", seed, 0)
+    check_int("resamples", resamples, 100)
+    check_int("seed", seed, 0)
     n_seeds, n_prompts = grid.shape
     rng = np.random.default_rng(seed)
     stats = np.empty(resamples)
@@ -379,7 +375,7 @@ def reliability(confidence, correct, bins: int = 10) -> Reliability:
         raise ValueError("confidence must lie in [0, 1] (a probability)")
     if not np.all((right == 0) | (right == 1)):
         raise ValueError("correct must hold booleans or 0/1")
-    _check_int("bins", bins, 1)
+    check_int("bins", bins, 1)
     edges = np.linspace(0.0, 1.0, bins + 1)
     which = np.minimum(np.searchsorted(edges, conf, side="right") - 1, bins - 1)  # conf = 1 joins the last bin
     count = np.bincount(which, minlength=bins)
@@ -389,77 +385,3 @@ def reliability(confidence, correct, bins: int = 10) -> Reliability:
     full = count > 0
     ece = float((count[full] * np.abs(accuracy[full] - mean_conf[full])).sum() / conf.size)
     return Reliability(edges, count, mean_conf, accuracy, ece)
-
-
-def _check_masked(values: torch.Tensor, mask: torch.Tensor, name: str) -> None:
-    if values.shape != mask.shape or values.ndim != 2 or mask.dtype != torch.bool:
-        raise ValueError(f"{name}: values and a bool mask of one (sequences, positions) shape "
-                         f"are needed, got {tuple(values.shape)} and {tuple(mask.shape)} "
-                         f"({mask.dtype})")
-
-
-def rate_and_se(values: torch.Tensor, mask: torch.Tensor) -> tuple[float, float]:
-    """Mean of ``values`` (N, L) over ``mask``, and its standard error with the N sequences as the
-    independent units (the ratio estimator's: each sequence contributes its sum and its count)."""
-    _check_masked(values, mask, "rate_and_se")
-    per_sentence = torch.where(mask, values.double(), 0.0).sum(1)  # (N,)
-    n = mask.sum(1).double()  # (N,) predicted symbols per sentence
-    rate = float(per_sentence.sum() / n.sum())
-    return rate, float(((per_sentence - rate * n) ** 2).sum().sqrt() / n.sum())
-
-
-def position_rates(values: torch.Tensor, mask: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-    """Per position, the mean of ``values`` (N, P) over the sequences predicting there, each
-    sequence counted ``counts`` times: (R, N) multiplicities of R resamples give (R, P) rates."""
-    return (counts @ torch.where(mask, values.double(), 0.0)) / (counts @ mask.double())
-
-
-@dataclass(frozen=True)
-class MatchedDifference:
-    """Set A minus set B, position by position and averaged with B's length mix
-    (:func:`matched_difference`)."""
-
-    overall: Interval  # the average over the positions compared, weighted by B's predictions there
-    positions: int  # positions compared: both sets have at least min_per_position predictions there
-    above: int  # positions whose interval lies above zero
-    below: int  # positions whose interval lies below zero
-    per_position: list  # (position from 1, difference, low, high) for each position compared
-
-
-def matched_difference(a_values: torch.Tensor, a_mask: torch.Tensor, b_values: torch.Tensor,
-                       b_mask: torch.Tensor, *, seed: int, resamples: int,
-                       min_per_position: int) -> MatchedDifference:
-    """Rate of set A minus rate of set B at the same positions (values (N, P) over bool masks;
-    e.g. A free-running samples, B teacher-forced held-out sentences), and its average over the
-    positions where each set has ``min_per_position`` predictions, weighted by B's length mix, so
-    the two sets' different lengths do not enter. 95% percentile intervals from ``resamples``
-    bootstrap resamples of the sequences within each set (pointwise for each position)."""
-    _check_masked(a_values, a_mask, "matched_difference (a)")
-    _check_masked(b_values, b_mask, "matched_difference (b)")
-    _check_int("resamples", resamples, 1)
-    _check_int("min_per_position", min_per_position, 1)
-    P = min(b_mask.shape[1], a_mask.shape[1])
-    b_values, b_mask, a_values, a_mask = (x[:, :P].cpu()
-                                          for x in (b_values, b_mask, a_values, a_mask))
-    keep = (b_mask.sum(0) >= min_per_position) & (a_mask.sum(0) >= min_per_position)  # (P,)
-    if not keep.any():
-        raise ValueError(f"no position has min_per_position = {min_per_position} predictions in "
-                         "both sets")
-    # (P,) the length mix
-    weight = b_mask.sum(0).double() * keep / (b_mask.sum(0).double() * keep).sum()
-    rng = np.random.default_rng(seed)
-    boot = [position_rates(v, m, torch.from_numpy(
-                rng.multinomial(len(m), np.full(len(m), 1 / len(m)), size=resamples)).double())
-            for v, m in ((a_values, a_mask), (b_values, b_mask))]  # 2 × (R, P)
-    point = [position_rates(v, m, torch.ones(1, len(m), dtype=torch.float64))[0]
-             for v, m in ((a_values, a_mask), (b_values, b_mask))]  # 2 × (P,)
-    diff_boot, diff = (boot[0] - boot[1])[:, keep], (point[0] - point[1])[keep]  # (R, K), (K,)
-    overall = torch.nan_to_num(boot[0] - boot[1]) @ weight  # (R,)
-    ends = torch.tensor([0.025, 0.975], dtype=torch.float64)
-    lo, hi = torch.quantile(overall, ends, dim=0)
-    per_pos = torch.quantile(diff_boot, ends, dim=0)  # (2, K)
-    return MatchedDifference(
-        Interval(float(diff @ weight[keep]), float(lo), float(hi)), int(keep.sum()),
-        int((per_pos[0] > 0).sum()), int((per_pos[1] < 0).sum()),
-        [(int(t) + 1, float(d), float(a), float(b))
-         for t, d, a, b in zip(torch.nonzero(keep).flatten(), diff, per_pos[0], per_pos[1])])
