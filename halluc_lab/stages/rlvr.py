@@ -15,7 +15,7 @@ optional cost per ``<bksp>``. Each rollout's advantage is its reward against its
 the group's standard deviation when the loss asks); every token the rollout sampled — the erased ones and
 the ``<bksp>`` included, each in the context it was sampled in — gets it. Then ``minibatches`` optimizer
 steps, each on whole groups, minimise the loss the caller passes (:class:`Listing3`, :class:`GRPO`,
-:class:`DrGRPO`, :class:`DAPO`: the formulas are :mod:`halluc_lab.training.losses`'), with an optional k3 KL term to
+:class:`DrGRPO`, :class:`DAPO`: :mod:`halluc_lab.training.rlvr_losses`'), with an optional k3 KL term to
 the reference policy; the KL is measured every round either way. The round's rows and log-probs, and the
 optional update replayed as CUDA graphs, are :mod:`halluc_lab.stages.rlvr_rounds`'.
 
@@ -47,11 +47,12 @@ from halluc_lab.generation.backtrack import CONTEXTS, Rollout, rollout
 from halluc_lab.training.data import prompt_rounds
 from halluc_lab.device import deterministic, to_device
 from halluc_lab.evaluation.evaluate import answer_budget, model_device
-from halluc_lab.training.losses import (check_positive, dapo_loss, dr_grpo_loss, grpo_loss, group_advantages, kl_estimates,
-                               listing3_loss)
+from halluc_lab.training.losses import check_positive, kl_estimates
 from halluc_lab.stages.preference import preference_examples
 from halluc_lab.progress import progress
 from halluc_lab.training.recipe import Stage
+from halluc_lab.training.rlvr_losses import (DAPO, GRPO, POLICY_LOSSES, DrGRPO, Listing3,
+                                             group_advantages)
 from halluc_lab.stages.reward_model import Reward, VerifierReward
 from halluc_lab.stages.rlvr_rounds import CapturedUpdate, log_logprobs, pad_flags, round_rows
 from halluc_lab.training.step import autocast, make_optimizer
@@ -60,73 +61,6 @@ from halluc_lab.model.tokenizer import Tokenizer
 from halluc_lab.training.train import History, TrainConfig
 
 Tensor = torch.Tensor
-
-
-# -- the losses, as callables: the variant is the object passed -------------------------------------------
-@dataclass(frozen=True)
-class Listing3:
-    """001's Listing 3 with its backward pass: −mean over tokens of log π · A, A = R − mean of the group."""
-
-    scale_advantages = False  # mean-shifted only
-
-    def denominator(self, mask, max_tokens) -> Tensor:
-        """What the loss divides its sum by: the masked tokens."""
-        return mask.sum()
-
-    def __call__(self, logp, logp_old, advantages, mask, *, kl, beta, max_tokens) -> Tensor:
-        if beta:
-            raise ValueError("Listing 3 has no KL term: use beta=0, or GRPO for a KL-regularised loss")
-        return listing3_loss(logp, advantages, mask)
-
-
-@dataclass(frozen=True)
-class GRPO:
-    """GRPO (Shao et al. 2024): the clipped ratio, A scaled by the group's std, each sequence's tokens averaged."""
-
-    clip: float = 0.2
-    scale_advantages = True
-
-    def denominator(self, mask, max_tokens) -> Tensor:
-        """What the loss divides its sum of per-sequence means by: the sequences with a token."""
-        return (mask.sum(1) > 0).sum()
-
-    def __call__(self, logp, logp_old, advantages, mask, *, kl, beta, max_tokens) -> Tensor:
-        return grpo_loss(logp, logp_old, advantages, mask, clip=self.clip, kl=kl, beta=beta)
-
-
-@dataclass(frozen=True)
-class DrGRPO:
-    """Dr. GRPO (Liu et al. 2025): no std scaling of A, no per-sequence length average (a constant instead)."""
-
-    clip: float = 0.2
-    scale_advantages = False
-
-    def denominator(self, mask, max_tokens) -> Tensor:
-        """What the loss divides its sum by: rollouts × the generation budget."""
-        return mask.new_tensor(mask.shape[0] * max_tokens, dtype=torch.long)
-
-    def __call__(self, logp, logp_old, advantages, mask, *, kl, beta, max_tokens) -> Tensor:
-        return dr_grpo_loss(logp, logp_old, advantages, mask, max_tokens=max_tokens, clip=self.clip, kl=kl, beta=beta)
-
-
-@dataclass(frozen=True)
-class DAPO:
-    """DAPO (Yu et al. 2025): token-level average over the batch and clip-higher, [1 − ε_low, 1 + ε_high]."""
-
-    clip_low: float = 0.2
-    clip_high: float = 0.28
-    scale_advantages = True
-
-    def denominator(self, mask, max_tokens) -> Tensor:
-        """What the loss divides its sum by: the masked tokens of the batch."""
-        return mask.sum()
-
-    def __call__(self, logp, logp_old, advantages, mask, *, kl, beta, max_tokens) -> Tensor:
-        return dapo_loss(logp, logp_old, advantages, mask, clip_low=self.clip_low, clip_high=self.clip_high,
-                         kl=kl, beta=beta)
-
-
-POLICY_LOSSES = (Listing3, GRPO, DrGRPO, DAPO)
 
 
 @dataclass(frozen=True)

@@ -3,15 +3,14 @@
 Every training stage of the book calls into this module: next-token cross-entropy for
 pre-training and SFT (chapters 7–8), per-token and per-sequence log-probs, and the preference and
 policy-gradient losses of chapters 9–10: Bradley–Terry, DPO, PPO's clipped surrogate, the KL
-estimators and GAE, and RLVR's policy gradients with group baselines (REINFORCE as in 001's Listing
-3, GRPO, Dr. GRPO, DAPO). Nothing here knows about models, tasks or tokenizers; the training loop
-(:mod:`halluc_lab.training.train`) turns a model and a batch into logits and calls these. Sources: 000
-§5.2–5.5 (the SFT loss, cross-entropy, the -100 label), 001 Part 1 eq. (9) and Part 2 §1 (the
-KL-regularised objective, DPO) and §3 Listing 3 (nanochat's simplified GRPO), 004 §3.7 (label
-smoothing) and §9.1.2–9.2 (Bradley–Terry, eq. 9.1); Rafailov et al. 2023 (DPO, eq. 7), Schulman et
-al. 2017 (PPO, eq. 7), Schulman et al. 2016 (GAE), Schulman 2020, "Approximating KL divergence" (k1,
-k2, k3), Shao et al. 2024 (DeepSeekMath: GRPO, eq. 3), Liu et al. 2025, "Understanding R1-Zero-Like
-Training" (Dr. GRPO), Yu et al. 2025 (DAPO).
+estimators and GAE. RLVR's policy gradients with group baselines (REINFORCE as in 001's Listing 3,
+GRPO, Dr. GRPO, DAPO) are built on the clipped surrogate in :mod:`halluc_lab.training.rlvr_losses`.
+Nothing here knows about models, tasks or tokenizers; the training loop
+(:mod:`halluc_lab.training.train`) turns a model and a batch into logits and calls these. Sources:
+000 §5.2–5.5 (the SFT loss, cross-entropy, the -100 label), 001 Part 1 eq. (9) and Part 2 §1 (the
+KL-regularised objective, DPO), 004 §3.7 (label smoothing) and §9.1.2–9.2 (Bradley–Terry, eq.
+9.1); Rafailov et al. 2023 (DPO, eq. 7), Schulman et al. 2017 (PPO, eq. 7), Schulman et al. 2016
+(GAE), Schulman 2020, "Approximating KL divergence" (k1, k2, k3).
 
 Conventions: ``labels`` has the shape of the inputs and ``labels[t]`` is the target of the
 logits at ``t - 1`` (Hugging Face's convention; the shift happens here). :data:`IGNORE` marks a
@@ -33,7 +32,7 @@ step with PyTorch's device-side assert.
 from __future__ import annotations
 
 import math
-from numbers import Integral, Real
+from numbers import Real
 from typing import NamedTuple
 
 import torch
@@ -314,137 +313,3 @@ def gae_advantages(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tens
         running = (delta + gamma * lam * next_in * running) * m[:, t]
         advantages[:, t] = running
     return advantages, (advantages + values) * m
-
-
-# -- policy gradients with group baselines: REINFORCE, GRPO, Dr. GRPO, DAPO (chapter 10) ---------------
-# Shared conventions: ``logp`` (B, T) log π_θ of each sampled token, differentiable; ``logp_old`` (B, T)
-# log π_old of the same tokens, detached (= logp.detach() on-policy: ρ = 1); ``advantages`` (B,), one per
-# sequence, or (B, T); ``mask`` (B, T) bool, the tokens the policy chose (sampled: not forced, not padding);
-# ``kl`` (B, T) a per-token KL estimate (e.g. ``kl_estimates(...).k3``) weighted by ``beta`` ≥ 0.
-# Each returns a scalar to *minimise*; none reads a tensor's values on the host (CUDA-graph safe).
-def group_advantages(rewards: torch.Tensor, group_size: int, *, scale: bool = True, eps: float = 1e-6) -> torch.Tensor:
-    """A_i = r_i − mean(r of its group), divided by (std of the group + eps) if ``scale``.
-
-    ``rewards``: (N,) ordered prompt-major (rows p·G … p·G + G − 1 are the G samples of prompt p);
-    ``group_size`` G ≥ 2 divides N. The std is the sample std (Bessel's n − 1, torch.std, as TRL's
-    GRPOTrainer): ``scale=True`` is GRPO's normalisation (Shao et al. 2024), ``scale=False`` Dr. GRPO's
-    (Liu et al. 2025: the std favours prompts that are too easy or too hard). A group whose rewards
-    all tie gets exactly 0: it carries no signal. Returns (N,) float32 (float64 stays float64).
-
-    >>> group_advantages(torch.tensor([1.0, 0.0, 1.0, 1.0]), 2)      # ±0.5 / std √½; a tie
-    tensor([ 0.7071, -0.7071,  0.0000,  0.0000])
-    """
-    if not isinstance(rewards, torch.Tensor) or rewards.dim() != 1 or rewards.numel() == 0:
-        got = tuple(rewards.shape) if isinstance(rewards, torch.Tensor) else type(rewards).__name__
-        raise ValueError(f"rewards must be a non-empty 1-D tensor (N,), got {got}")
-    if isinstance(group_size, bool) or not isinstance(group_size, Integral) or group_size < 2:
-        raise ValueError(f"a group baseline needs at least 2 samples: group_size must be an int >= 2, got {group_size!r}")
-    if rewards.numel() % group_size:
-        raise ValueError(f"{rewards.numel()} rewards do not split into groups of {group_size}")
-    check_positive("eps", eps)
-    r = rewards.reshape(-1, group_size)  # (P, G): one prompt per row
-    r = r if r.dtype == torch.float64 else r.float()
-    adv = r - r.mean(1, keepdim=True)
-    if scale:
-        adv = adv / (r.std(1, keepdim=True) + eps)  # correction=1 (Bessel), defined since G ≥ 2
-    tied = (r == r[:, :1]).all(1, keepdim=True)  # exact 0, not a rounding error of the mean
-    return torch.where(tied, 0.0, adv).view(-1)
-
-
-def _token_advantages(logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Checks logp (B, T), mask and advantages; returns the advantages as (B, T)."""
-    if not isinstance(logp, torch.Tensor) or logp.dim() != 2 or logp.numel() == 0:
-        got = tuple(logp.shape) if isinstance(logp, torch.Tensor) else type(logp).__name__
-        raise ValueError(f"logp must be a non-empty (B, T) tensor, got {got}")
-    _check_mask(mask, logp)
-    if not isinstance(advantages, torch.Tensor):
-        raise TypeError(f"advantages must be a torch.Tensor, got {type(advantages).__name__}")
-    if advantages.shape not in (logp.shape[:1], logp.shape):
-        raise ValueError(f"advantages must be (B,) = {tuple(logp.shape[:1])} or (B, T) = {tuple(logp.shape)}, "
-                         f"got {tuple(advantages.shape)}")
-    return advantages[:, None].expand_as(logp) if advantages.dim() == 1 else advantages  # one A per sequence
-
-
-def _pg_token_loss(logp, logp_old, advantages, mask, clip, clip_high, kl, beta) -> torch.Tensor:
-    """−[min(ρA, clip(ρ, 1 − ε, 1 + ε_high) A) − β kl] per token: (B, T), 0 off the mask."""
-    advantages = _token_advantages(logp, advantages, mask)
-    loss = -ppo_clipped_objective(logp, logp_old, advantages, mask, clip, clip_high=clip_high)
-    if isinstance(beta, bool) or not isinstance(beta, Real) or not 0 <= beta < math.inf:
-        raise ValueError(f"beta must be a finite number >= 0, got {beta!r}")
-    if kl is not None:
-        _check_same_shape(logp=logp, kl=kl)
-    if beta > 0:
-        if kl is None:
-            raise ValueError("beta > 0 needs kl, a per-token KL estimate such as kl_estimates(...).k3")
-        loss = loss + beta * torch.where(mask, kl, 0.0)  # in the loss, per token (Shao et al. eq. 3), not in the reward
-    return loss
-
-
-def listing3_loss(logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """001's Listing 3, ``loss = -(log_probs * advantages).mean()``, done right: −Σ_mask logp·A / Σ_mask 1.
-
-    On-policy REINFORCE with a mean-shifted baseline, no KL penalty, no clipping, no ratio. The
-    listing's ``.mean()`` over a padded tensor counts the padding; here the mean runs over the masked
-    tokens only (0 if there are none). The listing also calls ``optimizer.step()`` without
-    ``loss.backward()``, so as printed it never changes the weights: the fix is the backward pass,
-    which the caller does.
-
-    >>> listing3_loss(torch.tensor([[-1.0, -2.0, 9.0]]), torch.tensor([2.0]), torch.tensor([[True, True, False]]))
-    tensor(3.)
-    """
-    advantages = _token_advantages(logp, advantages, mask)
-    total = torch.where(mask, logp * advantages, 0.0).sum()  # where, not ×: padding may hold anything
-    return -total / mask.sum().clamp_min(1)
-
-
-def grpo_loss(logp: torch.Tensor, logp_old: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, *,
-              clip: float = 0.2, kl: torch.Tensor | None = None, beta: float = 0.0) -> torch.Tensor:
-    """GRPO (Shao et al. 2024, eq. 3): per token −[min(ρA, clip(ρ, 1 − ε, 1 + ε) A) − β kl],
-    averaged over each sequence's own masked tokens (the 1/|o_i|), then over the sequences.
-
-    A row with no masked token contributes 0 and is left out of the mean over sequences. Each
-    sequence weighs the same whatever its length, so a token of a long one weighs less.
-
-    >>> mask = torch.tensor([[True, False, False], [True, True, True]])    # lengths 1 and 3
-    >>> grpo_loss(torch.zeros(2, 3), torch.zeros(2, 3), torch.tensor([1.0, -1.0]), mask)   # (−1 + 1) / 2
-    tensor(0.)
-    """
-    per_token = _pg_token_loss(logp, logp_old, advantages, mask, clip, None, kl, beta)
-    lengths = mask.sum(1)  # (B,) |o_i|
-    per_seq = per_token.sum(1) / lengths.clamp_min(1)  # 0 for an empty row, no 0/0
-    return per_seq.sum() / (lengths > 0).sum().clamp_min(1)
-
-
-def dr_grpo_loss(logp: torch.Tensor, logp_old: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, *,
-                 max_tokens: int, clip: float = 0.2, kl: torch.Tensor | None = None,
-                 beta: float = 0.0) -> torch.Tensor:
-    """Dr. GRPO (Liu et al. 2025): GRPO's per-token term summed over all masked tokens and divided by
-    the constant B·``max_tokens`` (the generation budget), not by each sequence's length.
-
-    The 1/|o_i| of GRPO shrinks the push on long wrong answers (and grows it on short right ones);
-    a constant removes that length bias. Pair it with ``group_advantages(..., scale=False)``.
-
-    >>> mask = torch.tensor([[True, False, False], [True, True, True]])
-    >>> dr_grpo_loss(torch.zeros(2, 3), torch.zeros(2, 3), torch.tensor([1.0, -1.0]), mask, max_tokens=4)  # (−1 + 3) / 8
-    tensor(0.2500)
-    """
-    if isinstance(max_tokens, bool) or not isinstance(max_tokens, Integral) or max_tokens < 1:
-        raise ValueError(f"max_tokens must be an int >= 1 (the generation budget), got {max_tokens!r}")
-    per_token = _pg_token_loss(logp, logp_old, advantages, mask, clip, None, kl, beta)
-    return per_token.sum() / (logp.shape[0] * max_tokens)
-
-
-def dapo_loss(logp: torch.Tensor, logp_old: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, *,
-              clip_low: float = 0.2, clip_high: float = 0.28, kl: torch.Tensor | None = None,
-              beta: float = 0.0) -> torch.Tensor:
-    """DAPO (Yu et al. 2025): per token −[min(ρA, clip(ρ, 1 − ε_low, 1 + ε_high) A) − β kl], summed over
-    all masked tokens of the batch and divided by their number (token-level normalisation).
-
-    Clip-higher (ε_high > ε_low) leaves more room to raise unlikely tokens, against entropy collapse;
-    token-level normalisation weighs every token the same, so long sequences count in proportion.
-
-    >>> dapo_loss(torch.tensor([[math.log(1.25)]]), torch.zeros(1, 1), torch.tensor([1.0]), torch.tensor([[True]]))
-    tensor(-1.2500)
-    """
-    per_token = _pg_token_loss(logp, logp_old, advantages, mask, clip_low, clip_high, kl, beta)
-    return per_token.sum() / mask.sum().clamp_min(1)
