@@ -8,8 +8,8 @@ Rafailov et al. 2023 (DPO), Schulman et al. 2017 (PPO), Ouyang et al. 2022 (Inst
 The task's verifier plays both parts a person plays in RLHF: the annotator who ranks the policy's
 samples (correct ≻ abstained ≻ wrong, ties dropped, a seeded share of labels flipped) and the gold
 judge a learned reward model only approximates. That preference data — :func:`sample_groups`,
-:func:`rank_pairs`, :func:`build_pairs`, :class:`PreferencePairs` — is defined beside the reward model
-that learns from it (:mod:`halluc_lab.stages.reward_model`) and re-exported here. Each method is a loss
+:func:`rank_pairs`, :func:`build_pairs`, :class:`PreferencePairs` — is defined in
+:mod:`halluc_lab.stages.preference_data` and re-exported here. Each method is a loss
 callable for :func:`halluc_lab.training.train.train` or one plain loop::
 
     groups = sample_groups(sft, tok, task, examples, n_samples=8, seed=0)       # the policy's own answers
@@ -17,7 +17,7 @@ callable for :func:`halluc_lab.training.train.train` or one plain loop::
     train(policy, batches(pairs.rows(), 32, seed=0), cfg, loss=DPOLoss(0.1, pairs.reference))
     rows = rsft_rows(groups, best_of_n(groups.rewards), seq_len=64)           # then SFT on them
 
-Design. A pair is one packed row (:func:`~halluc_lab.stages.reward_model.pair_rows`), so rows stay whole
+Design. A pair is one packed row (:func:`~halluc_lab.stages.preference_data.pair_rows`), so rows stay whole
 under shuffling, micro-batching and CUDA-graph capture. DPO's reference log-probs are computed once,
 before training, into ``PreferencePairs.reference`` ``(P, 2)``, and :class:`DPOLoss` looks each row's
 up by the pair number its segment ids carry: no reference forward pass during training.
@@ -48,8 +48,9 @@ from torch import nn
 
 from halluc_lab.training.data import IGNORE, Batch, Encoded, batches, pack
 from halluc_lab.training.losses import check_positive, dpo_loss, token_logprobs
-from halluc_lab.stages.reward_model import (check_rate, PreferencePairs, SampleGroups, VerifierReward,  # noqa: F401 (re-exported)
-                                     build_pairs, pair_index, pair_masks, rank_pairs, sample_groups)
+from halluc_lab.stages.preference_data import (check_rate, PreferencePairs, SampleGroups,  # noqa: F401 (re-exported)
+                                               build_pairs, pair_index, pair_masks, rank_pairs, sample_groups)
+from halluc_lab.stages.reward_model import VerifierReward  # noqa: F401 (re-exported)
 from halluc_lab.evaluation.evaluate import distinct_examples, model_device
 from halluc_lab.stages.sft import own_error_demonstration
 from halluc_lab.training.recipe import Recipe, Stage

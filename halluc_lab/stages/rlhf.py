@@ -33,7 +33,7 @@ Where the code departs from the documents:
   value model; π_old's log-probs are recomputed by a forward pass rather than taken from the engine, so
   the first ratio is exactly 1. Rollouts sample at temperature 1: anything else is not π's distribution.
 - RLHF here learns its reward model from the SFT model's own samples ranked by the verifier with a share of
-  labels flipped (the annotator of :mod:`halluc_lab.stages.reward_model`), not from people.
+  labels flipped (the annotator of :mod:`halluc_lab.stages.preference_data`), not from people.
 """
 
 from __future__ import annotations
@@ -55,8 +55,9 @@ from halluc_lab.training.losses import check_positive, gae_advantages, kl_estima
 from halluc_lab.stages.preference import preference_examples
 from halluc_lab.progress import progress
 from halluc_lab.training.recipe import Stage
-from halluc_lab.stages.reward_model import (AgreeableAnnotator, BradleyTerryLoss, LearnedReward, PreferencePairs, Reward,
-                                     RewardModel, SampleGroups, VerifierReward, build_pairs, check_rate, sample_groups)
+from halluc_lab.stages.preference_data import (AgreeableAnnotator, PreferencePairs, SampleGroups, build_pairs,
+                                               check_rate, sample_groups)
+from halluc_lab.stages.reward_model import BradleyTerryLoss, LearnedReward, Reward, RewardModel, VerifierReward
 from halluc_lab.training.step import Graphs, autocast, make_optimizer
 from halluc_lab.tasks.base import check_count, make_task, reward_values
 from halluc_lab.training.train import History, TrainConfig, train
@@ -243,8 +244,8 @@ def ppo(policy: nn.Module, reference: nn.Module, value: RewardModel, prompts: Se
 @dataclass(frozen=True)
 class RewardModelPlan:
     """How RLHF's reward model is fit: Bradley–Terry on pairs of the SFT model's own samples, ranked by the
-    verifier with a share of labels flipped (the simulated annotators of :func:`~halluc_lab.stages.reward_model.build_pairs`),
-    or first re-ranked by annotators with a bias (chapter 12: :class:`~halluc_lab.stages.reward_model.AgreeableAnnotator`)."""
+    verifier with a share of labels flipped (the simulated annotators of :func:`~halluc_lab.stages.preference_data.build_pairs`),
+    or first re-ranked by annotators with a bias (chapter 12: :class:`~halluc_lab.stages.preference_data.AgreeableAnnotator`)."""
 
     flip_rate: float = 0.1  # share of preference labels the annotator flips
     samples: int = 8  # answers sampled per prompt, to be ranked

@@ -19,7 +19,7 @@ from halluc_lab.training import train as halluc_train
 from halluc_lab.training.data import IGNORE
 from halluc_lab.model.transformer import ModelConfig
 from halluc_lab.evaluation.retrieval import fact_passages
-from halluc_lab.stages.reward_model import AgreeableAnnotator
+from halluc_lab.stages.preference_data import AgreeableAnnotator
 from halluc_lab.stages.sft import BackspaceConfig, RetrievedContext
 from halluc_lab.tasks import ArithmeticConfig, make_task
 from halluc_lab.training.train import NextTokenLoss, TrainConfig, file_sha256
@@ -267,7 +267,7 @@ def test_key_changes_with_the_config_the_parent_the_version_and_the_dtype(monkey
 
 
 def test_configs_of_different_types_with_equal_fields_have_different_keys():
-    from halluc_lab.stages.rlvr import GRPO, DrGRPO
+    from halluc_lab.training.rlvr_losses import GRPO, DrGRPO
 
     r = recipes.get("kb_walk-rlvr", "smoke")
     grpo = dataclasses.replace(r, stage=dataclasses.replace(r.stage, policy_loss=GRPO(clip=0.2)))
