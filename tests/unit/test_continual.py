@@ -5,9 +5,9 @@ import math
 import pytest
 import torch
 
-from halluc_lab.extensions.continual import (Anchor, Anchored, FrozenBlocks, FullFineTune, LoRA, Replay, block_parameters,
-                                  first_order_change, flat_gradient, grow_vocabulary, old_prompt_kl, span_share,
-                                  train_new_rows, train_only)
+from halluc_lab.extensions.continual import (Anchored, block_parameters, first_order_change, flat_gradient,
+                                             grow_vocabulary, old_prompt_kl, span_share, train_new_rows, train_only)
+from halluc_lab.extensions.continual_methods import Anchor, FrozenBlocks, FullFineTune, LoRA, Replay
 from halluc_lab.training.data import Batch, Encoded, batches
 from halluc_lab.extensions.lora import ATTENTION, LoraSpec
 from halluc_lab.model.transformer import ModelConfig, Transformer
