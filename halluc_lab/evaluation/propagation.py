@@ -106,7 +106,8 @@ def residual_stream(model: nn.Module, input_ids: Tensor) -> Tensor:
     Index 0 is the token embeddings (block 0's input), index l the output of block l-1, before the final
     RMSNorm. The model runs in eval mode and returns to its mode; the hooks are removed afterwards.
 
-    >>> from halluc_lab.model.transformer import ModelConfig, Transformer
+    >>> from halluc_lab.model.config import ModelConfig
+    >>> from halluc_lab.model.transformer import Transformer
     >>> model = Transformer(ModelConfig(vocab_size=16, hidden_size=8, n_layers=2, n_heads=2))
     >>> residual_stream(model, torch.tensor([[1, 2, 3]])).shape
     torch.Size([3, 1, 3, 8])

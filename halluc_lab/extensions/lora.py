@@ -76,7 +76,7 @@ class LoraSpec:
     def parameters_per_block(self, model_config) -> int:
         """Trainable parameters one block gets: r (d_in + d_out) per adapted layer.
 
-        >>> from halluc_lab.model.transformer import ModelConfig
+        >>> from halluc_lab.model.config import ModelConfig
         >>> LoraSpec(rank=2, targets=("q_proj",)).parameters_per_block(ModelConfig(vocab_size=8, hidden_size=16))
         64
         """

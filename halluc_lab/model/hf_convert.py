@@ -23,7 +23,8 @@ from pathlib import Path
 
 import torch
 
-from halluc_lab.model.transformer import ModelConfig, Transformer
+from halluc_lab.model.config import ModelConfig
+from halluc_lab.model.transformer import Transformer
 from halluc_lab.model.positional import RopeScaling
 
 Tensor = torch.Tensor

@@ -293,7 +293,7 @@ def step_cost(config, n_new: int, n_cached: int = 0, batch: int = 1, bytes_per_v
 
     Without a cache, step t of 000 §6.1's loop is ``step_cost(c, t)``; with one it is
     ``step_cost(c, 1, t - 1)``. ``config`` needs vocab_size, hidden_size, n_layers, n_heads,
-    n_kv_heads, head_dim and intermediate_size (a :class:`~halluc_lab.model.transformer.ModelConfig`).
+    n_kv_heads, head_dim and intermediate_size (a :class:`~halluc_lab.model.config.ModelConfig`).
 
     Example::
 

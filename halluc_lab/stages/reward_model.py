@@ -34,7 +34,8 @@ from torch import nn
 from halluc_lab.training.data import IGNORE, Batch, Encoded, pad
 from halluc_lab.evaluation.evaluate import score_answers
 from halluc_lab.training.losses import bradley_terry_loss
-from halluc_lab.model.transformer import ModelConfig, Transformer
+from halluc_lab.model.config import ModelConfig
+from halluc_lab.model.transformer import Transformer
 from halluc_lab.tasks.base import Task
 from halluc_lab.model.tokenizer import Tokenizer
 from halluc_lab.stages.preference_data import (CHUNK, AgreeableAnnotator,  # noqa: F401 (re-exported)

@@ -50,7 +50,8 @@ class TinyLM(nn.Module):
 
 def small_transformer(vocab_size: int, seed: int = 0):
     """The lab's own decoder at a tiny size (2 layers, width 32), in eval mode."""
-    from halluc_lab.model.transformer import ModelConfig, Transformer
+    from halluc_lab.model.config import ModelConfig
+    from halluc_lab.model.transformer import Transformer
 
     cfg = ModelConfig(vocab_size=vocab_size, hidden_size=32, n_layers=2, n_heads=4, n_kv_heads=2,
                       max_positions=64, init_std=0.1)

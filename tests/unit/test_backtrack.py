@@ -9,7 +9,8 @@ from halluc_lab.generation.backtrack import BacktrackEngine, erase_text, rollout
 from halluc_lab.training.data import IGNORE, pad
 from halluc_lab.generation.engine import SamplingParams
 from halluc_lab.training.losses import token_logprobs
-from halluc_lab.model.transformer import ModelConfig, Transformer
+from halluc_lab.model.config import ModelConfig
+from halluc_lab.model.transformer import Transformer
 
 V, BKSP, EOS = 61, 3, 2
 HOT = SamplingParams(temperature=1.5)

@@ -10,7 +10,8 @@ from halluc_lab.extensions.continual import (Anchored, block_parameters, first_o
 from halluc_lab.extensions.continual_methods import Anchor, FrozenBlocks, FullFineTune, LoRA, Replay
 from halluc_lab.training.data import Batch, Encoded, batches
 from halluc_lab.extensions.lora import ATTENTION, LoraSpec
-from halluc_lab.model.transformer import ModelConfig, Transformer
+from halluc_lab.model.config import ModelConfig
+from halluc_lab.model.transformer import Transformer
 from halluc_lab.training.step import NextTokenLoss
 from halluc_lab.training.train import TrainConfig, train
 

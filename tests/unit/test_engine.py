@@ -10,7 +10,8 @@ from halluc_lab.generation import engine as engine_module
 from halluc_lab.generation.backtrack import rollout
 from halluc_lab.generation.engine import Engine, SamplingParams, engine_for, generate
 from halluc_lab.model.hf_convert import to_hf
-from halluc_lab.model.transformer import ModelConfig, Transformer
+from halluc_lab.model.config import ModelConfig
+from halluc_lab.model.transformer import Transformer
 from halluc_lab.model.positional import RopeScaling
 
 V = 61

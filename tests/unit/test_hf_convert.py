@@ -12,7 +12,8 @@ from safetensors.torch import load_file, save_file
 
 import halluc_lab.model.transformer
 from halluc_lab.model.hf_convert import INDEX_NAME, WEIGHTS_NAME, load_pretrained, save_pretrained
-from halluc_lab.model.transformer import ModelConfig, Transformer
+from halluc_lab.model.config import ModelConfig
+from halluc_lab.model.transformer import Transformer
 from halluc_lab.model.positional import RopeScaling
 
 V = 97

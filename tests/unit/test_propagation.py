@@ -5,7 +5,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from halluc_lab.model.transformer import ModelConfig, Transformer
+from halluc_lab.model.config import ModelConfig
+from halluc_lab.model.transformer import Transformer
 from halluc_lab.evaluation.propagation import block_jacobian, deviation, residual_stream, stream_jacobian
 
 V, D, L = 16, 16, 3  # vocabulary, width, blocks

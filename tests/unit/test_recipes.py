@@ -17,7 +17,7 @@ from halluc_lab.recipes import cache as recipe_cache, code_trees
 from halluc_lab.training import recipe
 from halluc_lab.training import train as halluc_train
 from halluc_lab.training.data import IGNORE
-from halluc_lab.model.transformer import ModelConfig
+from halluc_lab.model.config import ModelConfig
 from halluc_lab.evaluation.retrieval import fact_passages
 from halluc_lab.stages.preference_data import AgreeableAnnotator
 from halluc_lab.stages.sft import BackspaceConfig, RetrievedContext

@@ -7,7 +7,8 @@ import torch
 
 from halluc_lab.training.data import IGNORE, batches, rollout_batch
 from halluc_lab.training.losses import sequence_logprobs
-from halluc_lab.model.transformer import ModelConfig, Transformer
+from halluc_lab.model.config import ModelConfig
+from halluc_lab.model.transformer import Transformer
 from halluc_lab.stages.preference_data import (AgreeableAnnotator, SampleGroups, build_pairs, pair_ends, pair_index,
                                                pair_masks, pair_rows)
 from halluc_lab.stages.reward_model import (BradleyTerryLoss, LearnedReward, RewardModel, pair_accuracy, pair_rewards,

@@ -14,7 +14,8 @@ from halluc_lab.stages import rlvr as rlvr_module
 from halluc_lab.generation.backtrack import CONTEXTS, rollout, training_rows
 from halluc_lab.training.data import IGNORE, pad
 from halluc_lab.device import deterministic
-from halluc_lab.model.transformer import ModelConfig, Transformer
+from halluc_lab.model.config import ModelConfig
+from halluc_lab.model.transformer import Transformer
 from halluc_lab.stages.reward_model import VerifierReward
 from halluc_lab.stages.rlvr import (
     RLVRConfig,
