@@ -27,7 +27,8 @@ from common import best_time, environment
 
 from halluc_lab.model import kv_cache
 from halluc_lab.device import set_deterministic
-from halluc_lab.generation.engine import Engine, SamplingParams
+from halluc_lab.generation.engine_core import Engine
+from halluc_lab.generation.sampling import SamplingParams
 from halluc_lab.model.config import ModelConfig
 from halluc_lab.model.transformer import Transformer
 

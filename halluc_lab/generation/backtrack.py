@@ -44,7 +44,8 @@ from torch import nn
 
 from halluc_lab.training.data import IGNORE, Encoded
 from halluc_lab.device import distinct_indices
-from halluc_lab.generation.engine import Engine, GenerationResult, generate
+from halluc_lab.generation.engine import generate
+from halluc_lab.generation.engine_core import Engine, GenerationResult
 from halluc_lab.generation.sampling import SamplingParams
 
 Tensor = torch.Tensor
@@ -75,7 +76,7 @@ class Rollout(GenerationResult):
 
 
 class BacktrackEngine(Engine):
-    """An :class:`~halluc_lab.generation.engine.Engine` whose rows take back their last token when they emit ``bksp_id``.
+    """An :class:`~halluc_lab.generation.engine_core.Engine` whose rows take back their last token when they emit ``bksp_id``.
 
     ``context``: ``"keep"`` or ``"erase"`` (module docstring); ``allow_bksp=False`` never samples ``<bksp>``.
     :meth:`result` returns a :class:`Rollout`. :meth:`rollback` is not offered: a take-back is a token here.

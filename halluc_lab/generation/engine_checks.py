@@ -1,4 +1,4 @@
-"""Argument checks of the generation engine (:mod:`halluc_lab.generation.engine`, chapter 6 of the book).
+"""Argument checks of the generation engine (:mod:`halluc_lab.generation.engine_core`, chapter 6 of the book).
 
 Bad input gets a clear error naming the argument and the allowed range (ARCHITECTURE.md §10), before
 the engine changes anything: a raw ``IndexError`` from an embedding, or a token silently clamped, is
@@ -78,7 +78,7 @@ def check_context(prompts: list[list[int]], max_new_tokens: int, context: int | 
 
 
 def check_engine(model, max_positions: int, cuda_graph: bool | None, fused: bool) -> bool:
-    """:class:`~halluc_lab.generation.engine.Engine`'s options, checked before its cache is allocated;
+    """:class:`~halluc_lab.generation.engine_core.Engine`'s options, checked before its cache is allocated;
     returns whether it captures CUDA graphs (default: on a CUDA device)."""
     device = model.embed_tokens.weight.device
     use_graph = (device.type == "cuda") if cuda_graph is None else bool(cuda_graph)

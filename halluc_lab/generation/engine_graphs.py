@@ -5,7 +5,7 @@ before any step, which the engine's own order never does, gets a pool of its own
 
 A graph replays the kernels its capture recorded, on the addresses it recorded. So a replay gives the bits
 the eager call gives, provided the inputs are copied into the tensors the capture read and the weights stay
-where they were (:meth:`halluc_lab.generation.engine.Engine.start` recaptures when they move). What a replay saves is
+where they were (:meth:`halluc_lab.generation.engine_core.Engine.start` recaptures when they move). What a replay saves is
 the host's work: a forward pass of the lab's models is a few hundred small kernels, and on a busy host
 launching them one by one takes longer than running them.
 """

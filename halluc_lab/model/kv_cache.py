@@ -21,7 +21,7 @@ Where the code departs from the documents:
   every step. Here the cache is allocated once at its full size and a new key is *written* at
   slot ``lengths[b]``; attention reads the first ``n`` slots and a mask hides slots at or past a
   query's own position. Same result, no allocation per token, and static shapes (which a CUDA
-  graph needs, see :mod:`halluc_lab.generation.engine`).
+  graph needs, see :mod:`halluc_lab.generation.engine_core`).
 - Rows may hold different numbers of tokens, and :meth:`KVCache.rollback` takes tokens back from
   chosen rows (the backspace token of chapter 10). Rollback only lowers ``lengths``: the stale
   keys stay in memory, are masked, and are overwritten by the next write.
