@@ -51,7 +51,8 @@ def footer(rt: Runtime):
     from IPython.display import Markdown
     from myst_nb import glue
 
-    from halluc_lab.recipes.cache import FORMAT_VERSION, used, used_code
+    from halluc_lab.recipes.cache import used, used_code
+    from halluc_lab.recipes.cache_key import FORMAT_VERSION
 
     meta = run_metadata(rt)
     for key, value in meta.items():
@@ -137,7 +138,8 @@ def stale_footers(root: Path) -> dict[str, list[str]]:
     are never stale. Reading the notebooks runs nothing."""
     import json
 
-    from halluc_lab.recipes.cache import FORMAT_VERSION, moved_modules
+    from halluc_lab.recipes.cache import moved_modules
+    from halluc_lab.recipes.cache_key import FORMAT_VERSION
 
     out: dict[str, list[str]] = {}
     for stem in toc_notebooks(root):

@@ -1,4 +1,4 @@
-"""The cache that trains a recipe once and loads it afterwards: derived keys, checksummed entries.
+"""The cache that trains a recipe once and loads it afterwards: checksummed entries under derived keys.
 
 :mod:`halluc_lab.recipes` names each model of the book; :mod:`halluc_lab.training.recipe` defines what a recipe is and the
 :class:`~halluc_lab.training.recipe.Stage` interface its training goes through. This module trains a recipe once and loads
@@ -8,23 +8,8 @@ it afterwards (ARCHITECTURE.md §3, §4), so any notebook runs alone, in any ord
 in ``$XDG_CACHE_HOME/halluc_lab`` or ``~/.cache/halluc_lab``), each beside a ``<key>.lock`` file:
 a maintained file lock (``filelock``) keeps two processes from training one recipe at once.
 
-**The key** hashes everything that decides a trained model's bits, and nothing else:
-
-- the recipe (its parents included), as plain data with every config's type name;
-- :data:`FORMAT_VERSION`, for what the code cannot show (the entry's layout, a library that computes otherwise);
-- the code that can change the weights (:func:`code_modules`): the syntax trees, without docstrings, of the
-  modules that define the configs of each recipe of the chain (recipe, stage, task, model, the stage's nested
-  configs), its loss and batch preparation, and the loop, followed through their ``halluc_lab`` imports. A
-  stage lives beside its training, and a task's recipes import their task's module only, so a change to RLVR
-  code moves RLVR keys alone and a pre-training key covers no post-training code. Modules that cannot change
-  the bits (:data:`EXEMPT`, each backed by a test) are left out, and so is this module;
-- the platform (:class:`Platform`): the autocast dtype, the number of processes (a sum over ranks adds in
-  another order), on a CPU the number of threads, on a GPU its model. Two runs that can give different weights
-  never share a key.
-
-The hash of each module is recorded in the entry (``recipe.json``) and glued by a chapter's footer, so a key
-that moved names the module whose code did. Code outside ``halluc_lab`` (a stage a notebook defines) enters the
-key by its config and class name only: rename it when its code changes.
+**The key** (:func:`key`, :mod:`halluc_lab.recipes.cache_key`) hashes the recipe, a format version,
+the code that can change its bits and the platform; this module re-exports its names.
 
 **An entry** holds ``model/`` (a Hugging Face checkpoint and tokenizer, which
 ``AutoModelForCausalLM``/``AutoTokenizer`` load), ``history.json``, ``meta.json``, ``recipe.json``
@@ -39,9 +24,7 @@ not from step 0.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import datetime
-import hashlib
 import json
 import os
 import shutil
@@ -56,6 +39,8 @@ from torch import nn
 
 from halluc_lab.model import hf_convert
 from halluc_lab.recipes import code_trees
+from halluc_lab.recipes.cache_key import (FORMAT_VERSION, Platform, code_fingerprint,  # noqa: F401 (re-exported)
+                                          code_hashes, code_modules, identity, key)
 from halluc_lab.training import distributed
 from halluc_lab.model.transformer import Transformer
 from halluc_lab.training.recipe import Recipe, lineage
@@ -63,21 +48,14 @@ from halluc_lab.tasks.base import Task, make_task
 from halluc_lab.model.tokenizer import Tokenizer
 from halluc_lab.training.train import CheckpointError, History, file_sha256, latest_checkpoint
 
-FORMAT_VERSION = 3  # bump for a change the code fingerprint cannot see (2: checksums; 3: per-stage code, platform)
 ENV_CACHE = "HALLUC_CACHE"
-# Modules left out of every key, and why each cannot change a trained model's bits (each backed by a test):
-EXEMPT = (
-    "halluc_lab.progress",  # progress bars: print, draw no random numbers (test_progress_changes_no_bits)
-    "halluc_lab.recipes.code_trees",  # the key's own machinery: FORMAT_VERSION covers it
-    "halluc_lab.recipes.cache",  # this module: FORMAT_VERSION covers it
-)
 
 
 class CacheError(OSError):
     """The cache cannot be used as configured (``$HALLUC_CACHE`` missing, not a folder, read-only)."""
 
 
-# -- the key: the recipe, the code that can change its bits, the platform ----------------------------------
+# -- where the cache lives ----------------------------------------------------------------------------------
 def cache_root() -> str:
     """``$HALLUC_CACHE``, else ``$XDG_CACHE_HOME/halluc_lab``, else ``~/.cache/halluc_lab``."""
     if os.environ.get(ENV_CACHE):
@@ -103,103 +81,6 @@ def usable_root() -> str:
         raise CacheError(f"cannot create {_where()} ({e.strerror or e}): point ${ENV_CACHE} at a folder "
                          "this process can write") from e
     return root
-
-
-@dataclass(frozen=True)
-class Platform:
-    """What besides a recipe and its code decides the bits of the model it trains."""
-
-    dtype: str  # the autocast dtype ("torch.bfloat16" on CUDA, "torch.float32" on a CPU)
-    processes: int = 1  # torchrun's world size: a gradient summed over ranks adds in another order
-    threads: int | None = None  # on a CPU, torch's intra-op threads (they split sums); None on a GPU
-    gpu: str | None = None  # on CUDA, the GPU's model (another model gives other low bits); None elsewhere
-
-    @classmethod
-    def here(cls, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> Platform:
-        """This process's platform for training on ``device`` under autocast ``dtype``."""
-        device = torch.device(device)
-        return cls(str(dtype), distributed.world_size(),
-                   torch.get_num_threads() if device.type == "cpu" else None,
-                   torch.cuda.get_device_name(device) if device.type == "cuda" else
-                   (None if device.type == "cpu" else device.type))
-
-
-def _canonical(value):
-    """A recipe as plain data, every dataclass in it with its type's name (``asdict`` would drop the types, and
-    two configs with the same fields — a task's, a stage's, a policy loss's — would share a key)."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {"__type__": type(value).__name__,
-                **{f.name: _canonical(getattr(value, f.name)) for f in dataclasses.fields(value)}}
-    if isinstance(value, (list, tuple)):
-        return [_canonical(v) for v in value]
-    if isinstance(value, dict):
-        return {str(k): _canonical(v) for k, v in value.items()}
-    return value
-
-
-def _config_modules(value, found: set[str]) -> set[str]:
-    """The modules defining every dataclass inside ``value`` (the recipe's configs, nested), and their bases'."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        found |= {c.__module__ for c in type(value).__mro__}
-        for f in dataclasses.fields(value):
-            _config_modules(getattr(value, f.name), found)
-    elif isinstance(value, (list, tuple)):
-        for v in value:
-            _config_modules(v, found)
-    return found
-
-
-def code_modules(recipe: Recipe, source: Callable[[str], str] | None = None) -> tuple[str, ...]:
-    """The halluc_lab modules whose code can change a recipe's weights, sorted: those defining the configs of each
-    recipe of the chain (recipe, stage, task, model and every config nested in them), its loss and batch
-    preparation, the model and the loop, and every halluc_lab module they import, transitively, but
-    :data:`EXEMPT` (``source(module)``: its text).
-
-    >>> from halluc_lab import recipes
-    >>> "halluc_lab.stages.rlvr" in code_modules(recipes.get("kb_walk-sft-clean", "smoke"))
-    False
-    """
-    roots = {Transformer.__module__, train_module()}
-    for r in lineage(recipe):
-        _config_modules(r, roots)
-        for obj in (r.stage.loss(r), r.stage.prepare(r)):
-            if obj is not None:
-                roots.add(getattr(obj, "__module__", None) or type(obj).__module__)
-    return code_trees.closure(roots, source or code_trees.read_source, exempt=EXEMPT)
-
-
-def train_module() -> str:
-    """The loop's module: the default ``fit`` runs it."""
-    return History.__module__
-
-
-def code_hashes(recipe: Recipe, source: Callable[[str], str] | None = None) -> dict[str, str]:
-    """``{module: hash}`` of :func:`code_modules`: what a recipe's key covers of the code."""
-    return code_trees.module_hashes(code_modules(recipe, source), source)
-
-
-def code_fingerprint(recipe: Recipe, source: Callable[[str], str] | None = None) -> str:
-    """One hash of :func:`code_hashes`, which changes when the code of any module in the key does."""
-    return code_trees.fingerprint(code_modules(recipe, source), source)
-
-
-def _identity(recipe: Recipe, platform: Platform) -> dict:
-    """Everything the cache key covers, as plain data."""
-    return {"format": FORMAT_VERSION, "code": code_hashes(recipe), "platform": dataclasses.asdict(platform),
-            "recipe": _canonical(recipe)}
-
-
-def _platform(platform: Platform | torch.dtype | None, device) -> Platform:
-    if isinstance(platform, Platform):
-        return platform
-    return Platform.here(device, torch.float32 if platform is None else platform)
-
-
-def key(recipe: Recipe, platform: Platform | torch.dtype | None = None, device: torch.device | str = "cpu") -> str:
-    """The cache key: a hash of the recipe, :data:`FORMAT_VERSION`, the code that can change its bits and the
-    platform — a :class:`Platform`, or an autocast dtype (default float32) with ``device`` for this process's."""
-    blob = json.dumps(_identity(recipe, _platform(platform, device)), sort_keys=True, default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
 def directory(recipe: Recipe, platform: Platform | torch.dtype | None = None,
@@ -331,14 +212,14 @@ def _fault(path: str, recipe: Recipe, platform: Platform) -> str | None:
     bad = [f for f in files if file_sha256(os.path.join(path, f)) != recorded[f]]
     if bad:
         return f"{bad} differ from the SHA-256 recorded when written (corrupt or truncated)"
-    expected = json.loads(json.dumps(_identity(recipe, platform), sort_keys=True, default=str))  # as written
+    expected = json.loads(json.dumps(identity(recipe, platform), sort_keys=True, default=str))  # as written
     try:
         written = _json(os.path.join(path, "recipe.json"))
     except ValueError as e:
         return f"recipe.json is not JSON ({e})"
     if written != expected:
         raise ValueError(f"{path} holds a checkpoint of a different recipe or platform (same key, other "
-                         "config): delete the directory or bump recipe_cache.FORMAT_VERSION")
+                         "config): delete the directory or bump cache_key.FORMAT_VERSION")
     return _unloadable(path, recipe)
 
 
@@ -415,7 +296,7 @@ def _write(recipe: Recipe, path: str, model: nn.Module, hist: History, seconds: 
             "resumed_from": None if resumed is None else os.path.basename(resumed),
             "processes": platform.processes}
     for name, data in (("history.json", hist.to_dict()), ("meta.json", meta),
-                       ("recipe.json", _identity(recipe, platform))):
+                       ("recipe.json", identity(recipe, platform))):
         with open(os.path.join(path, name), "w", encoding="utf-8") as f:
             json.dump(data, f, sort_keys=True, default=str, indent=1)
     manifest = {"sha256": {name: file_sha256(os.path.join(path, name)) for name in _files(path)}}

@@ -1,6 +1,6 @@
 """The lab's code as syntax trees: what a module imports, and its code without its prose, as text that every
 Python version the lab runs on writes alike (3.11 to 3.13); hashed, the fingerprint a recipe's cache key covers
-(:func:`halluc_lab.recipes.cache.code_modules`).
+(:func:`halluc_lab.recipes.cache_key.code_modules`).
 
 A docstring, a comment or a line break is not code: :func:`parse` drops docstrings from the tree, and comments and
 layout are never in it. :func:`closure` follows a set of modules through every ``halluc_lab`` import they make,

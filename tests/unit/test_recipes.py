@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from halluc_lab import recipes
-from halluc_lab.recipes import cache as recipe_cache, code_trees
+from halluc_lab.recipes import cache as recipe_cache, cache_key, code_trees
 from halluc_lab.training import recipe
 from halluc_lab.training import train as halluc_train
 from halluc_lab.training.data import IGNORE
@@ -262,7 +262,7 @@ def test_key_changes_with_the_config_the_parent_the_version_and_the_dtype(monkey
     assert recipes.key(dataclasses.replace(r, parent=dataclasses.replace(r.parent, seed=5))) != k
     assert recipes.key(dataclasses.replace(r, task=dataclasses.replace(r.task, reverse_output=True))) != k
     assert recipes.key(r, torch.bfloat16) != k
-    monkeypatch.setattr(recipe_cache, "FORMAT_VERSION", recipe_cache.FORMAT_VERSION + 1)
+    monkeypatch.setattr(cache_key, "FORMAT_VERSION", cache_key.FORMAT_VERSION + 1)
     assert recipes.key(r) != k
 
 
