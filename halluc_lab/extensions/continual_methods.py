@@ -1,12 +1,12 @@
 """The continual-learning methods chapter 12 compares, as frozen dataclasses with one interface.
 
-Chapter 12. Source: 001 Part 4 §1 (eq. 12: θ = (θ_frozen, θ_trainable), only θ_trainable updated on the
-new corpus, optionally anchored near the last solution). Each method has one interface: ``prepare`` a
-copy of the lab's model for training, its training ``loss`` and ``sequences``, ``finish`` back to the
-lab's model:
+Chapter 12. Source: 001 Part 4 §1 (eq. 12: θ = (θ_frozen, θ_trainable), only θ_trainable updated on
+the new corpus, optionally anchored near the last solution). Each method has one interface:
+``prepare`` a copy of the lab's model for training, its training ``loss`` and ``sequences``,
+``finish`` back to the lab's model:
 
-- :class:`FullFineTune` (θ_trainable = θ), :class:`FrozenBlocks` (chosen blocks), :class:`LoRA` (adapters
-  through :mod:`halluc_lab.extensions.lora`);
+- :class:`FullFineTune` (θ_trainable = θ), :class:`FrozenBlocks` (chosen blocks), :class:`LoRA`
+  (adapters through :mod:`halluc_lab.extensions.lora`);
 - the wrappers :class:`Replay` (old data mixed in) and :class:`Anchor` (eq. 12's λΩ,
   :class:`~halluc_lab.extensions.continual.Anchored`).
 
@@ -33,7 +33,8 @@ from halluc_lab.model.transformer import Transformer
 
 
 def _clean(net: nn.Module) -> Transformer:
-    """A fresh copy of a lab model's weights: every parameter trainable again, no hook left, in eval mode."""
+    """A fresh copy of a lab model's weights: every parameter trainable again, no hook left, in eval
+    mode."""
     out = Transformer(net.config).to(next(net.parameters()).device)
     out.load_state_dict(net.state_dict())
     return out.eval()
@@ -45,32 +46,36 @@ def _check_model(model) -> None:
 
 
 class Method:
-    """What every method shares: ``prepare`` a trainable copy of the lab's model, the training loss and sequences,
-    ``finish`` back to the lab's model. ``cuda_graph``: passed to ``train.train`` (None: its default)."""
+    """What every method shares: ``prepare`` a trainable copy of the lab's model, the training loss
+    and sequences, ``finish`` back to the lab's model. ``cuda_graph``: passed to ``train.train``
+    (None: its default)."""
 
     cuda_graph: bool | None = None
 
     def prepare(self, model: Transformer, first_new: int, *, seed: int) -> nn.Module:
-        """A copy of ``model`` whose θ_trainable requires a gradient; rows ``first_new`` … V − 1 train in every method."""
+        """A copy of ``model`` whose θ_trainable requires a gradient; rows ``first_new`` … V − 1
+        train in every method."""
         raise NotImplementedError
 
     def finish(self, net: nn.Module) -> Transformer:
-        """The lab's model the trained copy computes (eval mode), for the engine and the evaluation."""
+        """The lab's model the trained copy computes (eval mode), for the engine and the
+        evaluation."""
         return _clean(net)
 
     def loss(self, net: nn.Module, base: Callable) -> Callable:
         """The training loss on ``net``: ``base`` itself, unless a wrapper adds to it."""
         return base
 
-    def sequences(self, new: Sequence[Encoded], old: Sequence[Encoded], *, seed: int) -> list[Encoded]:
+    def sequences(self, new: Sequence[Encoded], old: Sequence[Encoded], *,
+                  seed: int) -> list[Encoded]:
         """The sequences to train on: the new data, unless a wrapper mixes old data in."""
         return list(new)
 
 
 @dataclasses.dataclass(frozen=True)
 class FullFineTune(Method):
-    """θ_trainable = θ: every parameter trains. Continuing training from a checkpoint does this (001's remark on
-    nanoGPT and nanochat): the naive baseline."""
+    """θ_trainable = θ: every parameter trains. Continuing training from a checkpoint does this
+    (001's remark on nanoGPT and nanochat): the naive baseline."""
 
     @property
     def label(self) -> str:
@@ -83,13 +88,15 @@ class FullFineTune(Method):
 
 @dataclasses.dataclass(frozen=True)
 class FrozenBlocks(Method):
-    """θ_trainable = the parameters of ``blocks`` (and the new embedding rows); the rest of the backbone frozen."""
+    """θ_trainable = the parameters of ``blocks`` (and the new embedding rows); the rest of the
+    backbone frozen."""
 
     blocks: tuple[int, ...]  # indices of the blocks that train (0 is the first)
 
     def __post_init__(self):
         if not isinstance(self.blocks, tuple) or not self.blocks:
-            raise ValueError(f"blocks must be a non-empty tuple of block indices, got {self.blocks!r}")
+            raise ValueError("blocks must be a non-empty tuple of block indices, got "
+                             f"{self.blocks!r}")
 
     @property
     def label(self) -> str:
@@ -105,11 +112,13 @@ class FrozenBlocks(Method):
 
 @dataclasses.dataclass(frozen=True)
 class LoRA(Method):
-    """θ_trainable = LoRA adapters (:mod:`halluc_lab.extensions.lora`) and the new embedding rows; merged back when done."""
+    """θ_trainable = LoRA adapters (:mod:`halluc_lab.extensions.lora`) and the new embedding rows;
+    merged back when done."""
 
     spec: LoraSpec  # rank, α and which linear layers
 
-    cuda_graph = False  # the Hugging Face twin's forward is run eagerly: it is not checked under graph capture
+    # the Hugging Face twin's forward is run eagerly: it is not checked under graph capture
+    cuda_graph = False
 
     def __post_init__(self):
         if not isinstance(self.spec, LoraSpec):
@@ -124,8 +133,10 @@ class LoRA(Method):
     def prepare(self, model: Transformer, first_new: int, *, seed: int) -> nn.Module:
         _check_model(model)
         vocab = model.config.vocab_size
-        if isinstance(first_new, bool) or not isinstance(first_new, int) or not 0 < first_new < vocab:
-            raise ValueError(f"first_new must be an int in [1, {vocab - 1}] (the first new token), got {first_new!r}")
+        if isinstance(first_new, bool) or not isinstance(first_new,
+                                                         int) or not 0 < first_new < vocab:
+            raise ValueError(f"first_new must be an int in [1, {vocab - 1}] (the first new token), "
+                             f"got {first_new!r}")
         return with_lora(model, self.spec, seed=seed, new_tokens=range(first_new, vocab)).train()
 
     def finish(self, net: nn.Module) -> Transformer:
@@ -134,7 +145,8 @@ class LoRA(Method):
 
 @dataclasses.dataclass(frozen=True)
 class _Wrapper(Method):
-    """A method that trains what ``method`` trains, with something added: all it does not override is ``method``'s."""
+    """A method that trains what ``method`` trains, with something added: all it does not override
+    is ``method``'s."""
 
     method: Method  # the method whose parameters train
 
@@ -151,8 +163,8 @@ class _Wrapper(Method):
 
 @dataclasses.dataclass(frozen=True)
 class Replay(_Wrapper):
-    """``method`` trained on the new sequences with old ones mixed in: ``fraction`` old sequences per new one,
-    drawn without replacement and shuffled in (seeded)."""
+    """``method`` trained on the new sequences with old ones mixed in: ``fraction`` old sequences
+    per new one, drawn without replacement and shuffled in (seeded)."""
 
     fraction: float  # old sequences per new sequence
 
@@ -164,10 +176,12 @@ class Replay(_Wrapper):
 
     label = property(lambda self: f"{self.method.label} + replay {self.fraction:g}")
 
-    def sequences(self, new: Sequence[Encoded], old: Sequence[Encoded], *, seed: int) -> list[Encoded]:
+    def sequences(self, new: Sequence[Encoded], old: Sequence[Encoded], *,
+                  seed: int) -> list[Encoded]:
         k = round(self.fraction * len(new))
         if k > len(old):
-            raise ValueError(f"replay needs {k} old sequences ({self.fraction:g} per new one), got {len(old)}")
+            raise ValueError(f"replay needs {k} old sequences ({self.fraction:g} per new one), "
+                             f"got {len(old)}")
         rng = random.Random(f"replay-{seed}")
         out = self.method.sequences(new, old, seed=seed) + rng.sample(list(old), k)
         rng.shuffle(out)
@@ -176,8 +190,8 @@ class Replay(_Wrapper):
 
 @dataclasses.dataclass(frozen=True)
 class Anchor(_Wrapper):
-    """``method`` with eq. (12)'s λΩ added to its loss (:class:`Anchored`: Ω = ½ ‖ϑ − θ^(k)‖² over its trainable
-    parameters, θ^(k) their values when training starts)."""
+    """``method`` with eq. (12)'s λΩ added to its loss (:class:`Anchored`: Ω = ½ ‖ϑ − θ^(k)‖² over
+    its trainable parameters, θ^(k) their values when training starts)."""
 
     lam: float  # λ
 
@@ -198,4 +212,5 @@ class Anchor(_Wrapper):
         return Anchored(self.method.loss(net, base), net, self.lam, first_new=_FIRST_NEW.get(net))
 
 
-_FIRST_NEW: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # net prepared by an Anchor -> its first new token
+# net prepared by an Anchor -> its first new token
+_FIRST_NEW: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

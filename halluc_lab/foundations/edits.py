@@ -1,9 +1,10 @@
-"""Edit distance: the dynamic-programming table, the distance, one shortest edit script and its replay.
+"""Edit distance: the dynamic-programming table, the distance, one shortest edit script and its
+replay.
 
 Chapter 2 (classical NLP). Source: 004 §3.1 (edit distance). Unit costs; with
 ``substitution=False`` only insertions and deletions are allowed. Items are any hashables, so a
-string is compared letter by letter and a token list token by token. :mod:`halluc_lab.foundations.lexical`
-re-exports these names beside the rest of chapter 2's toolkit.
+string is compared letter by letter and a token list token by token.
+:mod:`halluc_lab.foundations.lexical` re-exports these names beside the rest of chapter 2's toolkit.
 
 Departure from 004 (with a test in tests/unit/test_lexical.py):
 
@@ -30,7 +31,8 @@ class Edit(NamedTuple):
     target: Hashable | None  # the item of b (None for a deletion)
 
 
-def edit_table(a: Sequence[Hashable], b: Sequence[Hashable], *, substitution: bool = True) -> np.ndarray:
+def edit_table(a: Sequence[Hashable], b: Sequence[Hashable], *,
+               substitution: bool = True) -> np.ndarray:
     """The dynamic-programming table D (len(a)+1, len(b)+1): D[i, j] = distance of a[:i] to b[:j].
 
     Unit costs. With ``substitution=False`` only insertions and deletions are allowed (the
@@ -51,12 +53,14 @@ def edit_table(a: Sequence[Hashable], b: Sequence[Hashable], *, substitution: bo
     return table
 
 
-def edit_distance(a: Sequence[Hashable], b: Sequence[Hashable], *, substitution: bool = True) -> int:
+def edit_distance(a: Sequence[Hashable], b: Sequence[Hashable], *,
+                  substitution: bool = True) -> int:
     """Levenshtein distance (``substitution=False``: insert/delete-only distance)."""
     return int(edit_table(a, b, substitution=substitution)[-1, -1])
 
 
-def edit_script(a: Sequence[Hashable], b: Sequence[Hashable], *, substitution: bool = True) -> list[Edit]:
+def edit_script(a: Sequence[Hashable], b: Sequence[Hashable], *,
+                substitution: bool = True) -> list[Edit]:
     """One shortest edit script from a to b, back-traced through :func:`edit_table`.
 
     Ties prefer keep/substitute, then delete, then insert. The number of non-"keep" steps equals

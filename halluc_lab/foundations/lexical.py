@@ -43,8 +43,9 @@ from numbers import Real
 
 import numpy as np
 
-from halluc_lab.foundations.edits import (Edit, apply_edits, edit_distance,  # noqa: F401 (re-exported)
-                                          edit_script, edit_table)
+# re-exported: chapter 2 reads its toolkit from this module
+from halluc_lab.foundations.edits import Edit, apply_edits, edit_distance  # noqa: F401
+from halluc_lab.foundations.edits import edit_script, edit_table  # noqa: F401
 
 # ---------------------------------------------------------------- precision, recall, F1 (§2.1)
 
@@ -91,7 +92,8 @@ def precision_recall_f1_sets(predicted: Iterable[Hashable], relevant: Iterable[H
     _check_tokens("predicted", predicted, "items")
     _check_tokens("relevant", relevant, "items")
     pred, rel = set(predicted), set(relevant)
-    return precision_recall_f1(len(pred & rel), len(pred - rel), len(rel - pred), zero_division=zero_division)
+    return precision_recall_f1(len(pred & rel), len(pred - rel), len(rel - pred),
+                               zero_division=zero_division)
 
 
 # ---------------------------------------------------------------- PMI (§3.2)
@@ -239,7 +241,8 @@ def idf_plain(df: np.ndarray, n_docs: int) -> np.ndarray:
     """idf = log(N / df); every df must be >= 1 (004: "this will lead to a division-by-zero")."""
     d = _check_df(df, n_docs)
     if np.any(d == 0):
-        raise ValueError(f"idf_plain needs df >= 1; terms {np.flatnonzero(d == 0).tolist()[:5]} have df 0 "
+        raise ValueError("idf_plain needs df >= 1; terms "
+                         f"{np.flatnonzero(d == 0).tolist()[:5]} have df 0 "
                          "(use idf_smooth)")
     return np.log(n_docs / d)
 
@@ -250,7 +253,8 @@ def idf_smooth(df: np.ndarray, n_docs: int) -> np.ndarray:
 
 
 def idf_bm25(df: np.ndarray, n_docs: int) -> np.ndarray:
-    """idf = log(1 + (N − df + 0.5) / (df + 0.5)), Lucene's BM25 idf (bm25s "lucene"); always > 0."""
+    """idf = log(1 + (N − df + 0.5) / (df + 0.5)), Lucene's BM25 idf (bm25s "lucene");
+    always > 0."""
     d = _check_df(df, n_docs)
     return np.log1p((n_docs - d + 0.5) / (d + 0.5))
 
@@ -262,7 +266,8 @@ def idf_robertson(df: np.ndarray, n_docs: int) -> np.ndarray:
 
 
 def idf_okapi(df: np.ndarray, n_docs: int, epsilon: float = 0.25) -> np.ndarray:
-    """rank-bm25's BM25Okapi idf: Robertson's, with each negative value replaced by ε × the mean idf."""
+    """rank-bm25's BM25Okapi idf: Robertson's, with each negative value replaced by ε × the mean
+    idf."""
     idf = idf_robertson(df, n_docs)
     if isinstance(epsilon, bool) or not isinstance(epsilon, Real) or not math.isfinite(epsilon):
         raise ValueError(f"epsilon must be a finite number, got {epsilon!r}")

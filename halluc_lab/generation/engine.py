@@ -19,10 +19,11 @@ back with :meth:`Engine.rollback`, look at :attr:`Engine.last_tokens`)::
     eng.step(); eng.step(force={1: 42}); eng.rollback([0], 1); eng.run()
     result = eng.result()
 
-An engine has a fixed batch size; :func:`generate` keeps engines for batch sizes rounded up to a power
-of two (the graph buckets) and fills unused rows with finished dummies. A graph reads the weights where
-they are, so training them in place between generations is fine; weights replaced by new tensors
-(``.to()``, ``load_state_dict(assign=True)``) are noticed at :meth:`Engine.start` and recaptured.
+An engine has a fixed batch size; :func:`generate` keeps engines for batch sizes rounded up to a
+power of two (the graph buckets) and fills unused rows with finished dummies. A graph reads the
+weights where they are, so training them in place between generations is fine; weights replaced by
+new tensors (``.to()``, ``load_state_dict(assign=True)``) are noticed at :meth:`Engine.start` and
+recaptured.
 
 The engine itself (how a step works, groups, CUDA graphs, where the code departs from the
 documents) is :mod:`halluc_lab.generation.engine_core`.
@@ -43,7 +44,8 @@ from halluc_lab.generation.engine_core import Engine, GenerationResult
 from halluc_lab.generation.sampling import GREEDY, SamplingParams  # noqa: F401 (also imported from here)
 
 Tensor = torch.Tensor
-MAX_ENGINES_PER_MODEL = 6  # engine_for keeps this many engines (kinds × batch buckets × lengths) per model
+# engine_for keeps this many engines (kinds × batch buckets × lengths) per model
+MAX_ENGINES_PER_MODEL = 6
 
 
 # ----------------------------------------------------------------------------- the one-call API
@@ -51,13 +53,15 @@ MAX_ENGINES_PER_MODEL = 6  # engine_for keeps this many engines (kinds × batch 
 _ENGINES: "weakref.WeakKeyDictionary[nn.Module, dict]" = weakref.WeakKeyDictionary()
 
 
-def engine_for(model: nn.Module, batch_size: int, max_positions: int, *, dtype: torch.dtype | None = None,
-               cuda_graph: bool | None = None, engine_type: type[Engine] | None = None, **options) -> Engine:
-    """A cached :class:`Engine` for at least this batch and length: batch rounded up to a power of two,
-    positions to a multiple of 64, so repeated calls reuse the cache and the captured graphs.
+def engine_for(model: nn.Module, batch_size: int, max_positions: int, *,
+               dtype: torch.dtype | None = None, cuda_graph: bool | None = None,
+               engine_type: type[Engine] | None = None, **options) -> Engine:
+    """A cached :class:`Engine` for at least this batch and length: batch rounded up to a power of
+    two, positions to a multiple of 64, so repeated calls reuse the cache and the captured graphs.
 
-    ``engine_type`` (a subclass, e.g. :class:`halluc_lab.generation.backtrack.BacktrackEngine`) and its keyword
-    ``options`` are part of the key: each kind of engine keeps its own cache and graphs."""
+    ``engine_type`` (a subclass, e.g. :class:`halluc_lab.generation.backtrack.BacktrackEngine`) and
+    its keyword ``options`` are part of the key: each kind of engine keeps its own cache and
+    graphs."""
     check_count("batch_size", batch_size)
     engine_type = engine_type or Engine
     bucket = 1 << (batch_size - 1).bit_length()  # 1, 2, 4, 8, ...
@@ -68,9 +72,11 @@ def engine_for(model: nn.Module, batch_size: int, max_positions: int, *, dtype: 
            model.embed_tokens.weight.device)
     engines = _ENGINES.setdefault(model, {})
     if key not in engines:
-        if len(engines) >= MAX_ENGINES_PER_MODEL:  # caches and graphs hold device memory: drop the oldest
+        # caches and graphs hold device memory: drop the oldest
+        if len(engines) >= MAX_ENGINES_PER_MODEL:
             engines.pop(next(iter(engines)))
-        engines[key] = engine_type(model, bucket, positions, dtype=dtype, cuda_graph=cuda_graph, **options)
+        engines[key] = engine_type(model, bucket, positions, dtype=dtype, cuda_graph=cuda_graph,
+                                   **options)
         # The dictionary is weak in its keys; an engine holding its model strongly would keep the
         # model (and the engine's device memory) alive forever, so cached engines hold it weakly.
         engines[key]._keep = None
@@ -87,11 +93,11 @@ def generate(model: nn.Module, prompts: Sequence[Sequence[int]] | Tensor, max_ne
 
     ``prompts``: a list of prompts (lists of token ids, any lengths) or a 2-D tensor ``(N, T)``;
     a single prompt (a flat list or a 1-D tensor) is refused: pass ``[prompt]``. ``sampling``: how
-    each token is chosen (:class:`~halluc_lab.generation.sampling.SamplingParams`; default: temperature 1),
-    drawn from ``generator`` (on the model's device). A row stops after a token in ``stop_tokens``
-    (which is kept). Same generator state, same tokens. ``n_samples`` = G continuations per prompt
-    from one prefill; rows are prompt-major (rows p·G … p·G+G-1 belong to prompt p).
-    ``engine_type`` and ``engine_options``: another kind of engine and its options
+    each token is chosen (:class:`~halluc_lab.generation.sampling.SamplingParams`; default:
+    temperature 1), drawn from ``generator`` (on the model's device). A row stops after a token in
+    ``stop_tokens`` (which is kept). Same generator state, same tokens. ``n_samples`` = G
+    continuations per prompt from one prefill; rows are prompt-major (rows p·G … p·G+G-1 belong to
+    prompt p). ``engine_type`` and ``engine_options``: another kind of engine and its options
     (:func:`halluc_lab.generation.backtrack.rollout` passes the backspace engine's). A prompt plus
     ``max_new_tokens`` past the model's ``config.max_positions`` is refused before allocating.
 
@@ -108,8 +114,8 @@ def generate(model: nn.Module, prompts: Sequence[Sequence[int]] | Tensor, max_ne
         raise ValueError("prompts must hold at least one prompt")
     check_context(prompts, max_new_tokens, model_context(model))
     longest = max(len(p) for p in prompts)
-    eng = engine_for(model, len(prompts) * n_samples, longest + max_new_tokens, dtype=dtype, engine_type=engine_type,
-                     **engine_options)
+    eng = engine_for(model, len(prompts) * n_samples, longest + max_new_tokens, dtype=dtype,
+                     engine_type=engine_type, **engine_options)
     eng.start(prompts, max_new_tokens, sampling, stop_tokens=stop_tokens, generator=generator,
               n_samples=n_samples)
     eng.run()

@@ -25,8 +25,8 @@ would be a raw IndexError (a device-side assert on a GPU) or, below 0, silently 
 the functions that take labels check them by value on the CPU. On a GPU they do not: the check
 would make the host wait for the device at every eager call (RLVR's and PPO's rounds make many),
 and a captured or compiled step cannot hold it. There the rows were checked where they were built
-(:mod:`halluc_lab.training.data` refuses ids that are not integers), and an id of V or more still stops the
-step with PyTorch's device-side assert.
+(:mod:`halluc_lab.training.data` refuses ids that are not integers), and an id of V or more still
+stops the step with PyTorch's device-side assert.
 """
 
 from __future__ import annotations
@@ -96,7 +96,8 @@ def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, *, label_smoothin
     if reduction == "mean" and not bool((y != IGNORE).any()):
         raise ValueError("every label is IGNORE: the mean loss over zero target tokens is undefined")
     per_token = F.cross_entropy(z.flatten(0, 1), y.flatten(), ignore_index=IGNORE,
-                                label_smoothing=label_smoothing, reduction="none").view_as(y)  # (B, T-1)
+                                # (B, T-1)
+                                label_smoothing=label_smoothing, reduction="none").view_as(y)
     if reduction == "none":
         return per_token
     total = per_token.sum()
@@ -106,12 +107,14 @@ def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, *, label_smoothin
 def label_smoothed_nll(logits: torch.Tensor, targets: torch.Tensor, epsilon: float) -> torch.Tensor:
     """Reference: the mean of -Σ_k q'(k) log p(k) with q' = (1 - ε)δ_{k,y} + ε/K (004 §3.7).
 
-    logits (N, K), targets (N,) with no IGNORE; the readable version :func:`causal_lm_loss` agrees with.
+    logits (N, K), targets (N,) with no IGNORE; the readable version :func:`causal_lm_loss` agrees
+    with.
     """
     logp = torch.log_softmax(logits, dim=-1)  # (N, K)
     k = logits.shape[-1]
     q = torch.full_like(logp, epsilon / k)  # (N, K) the uniform part ε u(k), u = 1/K
-    q.scatter_add_(1, targets[:, None], torch.full_like(logp[:, :1], 1.0 - epsilon))  # + (1 - ε) δ_{k,y}
+    # + (1 - ε) δ_{k,y}
+    q.scatter_add_(1, targets[:, None], torch.full_like(logp[:, :1], 1.0 - epsilon))
     return -(q * logp).sum(-1).mean()
 
 
@@ -142,7 +145,8 @@ def sequence_logprobs(logits: torch.Tensor, labels: torch.Tensor,
     lp = token_logprobs(logits, labels)  # (B, T-1)
     if mask is not None:
         if mask.shape != lp.shape or mask.dtype != torch.bool:
-            raise ValueError(f"mask must be a bool tensor of shape {tuple(lp.shape)} (aligned with the "
+            raise ValueError(f"mask must be a bool tensor of shape {tuple(lp.shape)} "
+                             "(aligned with the "
                              f"shifted labels), got {mask.dtype} {tuple(mask.shape)}")
         lp = lp * mask
     return lp.sum(-1)
@@ -162,8 +166,10 @@ def _check_same_shape(**tensors: torch.Tensor) -> None:
 
 
 def check_positive(name: str, value: float, upper: float = math.inf) -> None:
-    """ValueError unless ``value`` is a finite real number in (0, upper] (a β, a clip ε, a learning rate)."""
-    if isinstance(value, bool) or not isinstance(value, Real) or not (0 < value <= upper and math.isfinite(value)):
+    """ValueError unless ``value`` is a finite real number in (0, upper] (a β, a clip ε, a learning
+    rate)."""
+    if isinstance(value, bool) or not isinstance(value, Real) or not (0 < value <= upper
+                                                                      and math.isfinite(value)):
         raise ValueError(f"{name} must be a finite number in (0, {upper}], got {value!r}")
 
 
@@ -173,7 +179,8 @@ def _reduce(per_item: torch.Tensor, reduction: str) -> torch.Tensor:
     return per_item if reduction == "none" else per_item.sum() if reduction == "sum" else per_item.mean()
 
 
-def bradley_terry_loss(r_chosen: torch.Tensor, r_rejected: torch.Tensor, *, reduction: str = "mean") -> torch.Tensor:
+def bradley_terry_loss(r_chosen: torch.Tensor, r_rejected: torch.Tensor, *,
+                       reduction: str = "mean") -> torch.Tensor:
     """−log σ(r⁺ − r⁻): the negative log-likelihood of "chosen ≻ rejected" under Bradley–Terry.
 
     004 §9.1.2: P(y₁ ≻ y₂ | x) = σ(r(x, y₁) − r(x, y₂)), which is p₁/(p₁ + p₂) for scores r = log p.
@@ -191,7 +198,8 @@ class DPOTerms(NamedTuple):
     """What :func:`dpo_loss` returns."""
 
     loss: torch.Tensor  # reduced as asked
-    chosen_rewards: torch.Tensor  # β (log π(y⁺|x) − log π_ref(y⁺|x)): DPO's implicit reward, detached
+    # β (log π(y⁺|x) − log π_ref(y⁺|x)): DPO's implicit reward, detached
+    chosen_rewards: torch.Tensor
     rejected_rewards: torch.Tensor  # β (log π(y⁻|x) − log π_ref(y⁻|x)), detached
 
 
@@ -211,19 +219,22 @@ def dpo_loss(policy_chosen_logps: torch.Tensor, policy_rejected_logps: torch.Ten
     >>> round(float(t.loss), 4)      # the policy is still the reference: log 2
     0.6931
     """
-    _check_same_shape(policy_chosen_logps=policy_chosen_logps, policy_rejected_logps=policy_rejected_logps,
+    _check_same_shape(policy_chosen_logps=policy_chosen_logps,
+                      policy_rejected_logps=policy_rejected_logps,
                       ref_chosen_logps=ref_chosen_logps, ref_rejected_logps=ref_rejected_logps)
     check_positive("beta", beta)
-    if isinstance(label_smoothing, bool) or not isinstance(label_smoothing, Real) or not 0 <= label_smoothing < 0.5:
+    if isinstance(label_smoothing, bool) or not isinstance(label_smoothing,
+                                                           Real) or not 0 <= label_smoothing < 0.5:
         raise ValueError(f"label_smoothing must be in [0, 0.5), got {label_smoothing!r}")
-    chosen = beta * (policy_chosen_logps - ref_chosen_logps)  # implicit reward of y⁺ (its C(x) cancels, 001 Remark)
+    # implicit reward of y⁺ (its C(x) cancels, 001 Remark)
+    chosen = beta * (policy_chosen_logps - ref_chosen_logps)
     rejected = beta * (policy_rejected_logps - ref_rejected_logps)
     z = chosen - rejected
     per_pair = -(1 - label_smoothing) * F.logsigmoid(z) - label_smoothing * F.logsigmoid(-z)
     return DPOTerms(_reduce(per_pair, reduction), chosen.detach(), rejected.detach())
 
 
-# -- policy gradients: PPO's surrogate, KL estimators, GAE (chapters 9–10) ----------------------------
+# -- policy gradients: PPO's surrogate, KL estimators, GAE (chapters 9–10) -------------------------
 def _check_mask(mask: torch.Tensor, like: torch.Tensor) -> None:
     if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.shape != like.shape:
         got = f"{mask.dtype} {tuple(mask.shape)}" if isinstance(mask, torch.Tensor) else type(mask).__name__
@@ -231,7 +242,8 @@ def _check_mask(mask: torch.Tensor, like: torch.Tensor) -> None:
 
 
 def ppo_clipped_objective(logp_new: torch.Tensor, logp_old: torch.Tensor, advantages: torch.Tensor,
-                          mask: torch.Tensor, clip: float, *, clip_high: float | None = None) -> torch.Tensor:
+                          mask: torch.Tensor, clip: float, *,
+                          clip_high: float | None = None) -> torch.Tensor:
     """PPO's clipped surrogate per token (Schulman et al. 2017, eq. 7), to be *maximised*:
     min(ρ A, clip(ρ, 1 − ε, 1 + ε) A) with ρ = π_new(a|s)/π_old(a|s) = exp(logp_new − logp_old).
 
@@ -250,13 +262,16 @@ def ppo_clipped_objective(logp_new: torch.Tensor, logp_old: torch.Tensor, advant
     check_positive("clip", clip)
     high = clip if clip_high is None else clip_high
     check_positive("clip_high", high)
-    ratio = torch.exp(torch.where(mask, logp_new - logp_old, 0.0))  # (B, T); 1 off the mask: no inf, no NaN gradient
+    # (B, T); 1 off the mask: no inf, no NaN gradient
+    ratio = torch.exp(torch.where(mask, logp_new - logp_old, 0.0))
     objective = torch.minimum(ratio * advantages, ratio.clamp(1 - clip, 1 + high) * advantages)
-    return torch.where(mask, objective, torch.zeros_like(objective))  # where, not ×: off-mask A may be inf or NaN
+    # where, not ×: off-mask A may be inf or NaN
+    return torch.where(mask, objective, torch.zeros_like(objective))
 
 
 class KLEstimates(NamedTuple):
-    """Per-token estimators of KL(π ‖ π_ref) from tokens sampled from π (Schulman 2020); each ``(B, T)``."""
+    """Per-token estimators of KL(π ‖ π_ref) from tokens sampled from π (Schulman 2020); each
+    ``(B, T)``."""
 
     k1: torch.Tensor  # log π − log π_ref: unbiased, high variance, can be negative
     k2: torch.Tensor  # ½ (log π_ref − log π)²: biased (exact to second order), low variance, ≥ 0
@@ -264,7 +279,8 @@ class KLEstimates(NamedTuple):
 
 
 def kl_estimates(logp: torch.Tensor, logp_ref: torch.Tensor, mask: torch.Tensor) -> KLEstimates:
-    """k1, k2 and k3 of Schulman's "Approximating KL divergence" at every token, 0 where ``mask`` is False.
+    """k1, k2 and k3 of Schulman's "Approximating KL divergence" at every token, 0 where ``mask`` is
+    False.
 
     ``logp``: log π(x_t | ·) of tokens sampled from π; ``logp_ref``: log π_ref of the same tokens;
     ``mask``: bool, all ``(B, T)``. Averaged over samples from π, k1 and k3 tend to KL(π ‖ π_ref)
@@ -281,15 +297,17 @@ def kl_estimates(logp: torch.Tensor, logp_ref: torch.Tensor, mask: torch.Tensor)
     return KLEstimates(keep(-log_r), keep(0.5 * log_r ** 2), keep(torch.expm1(log_r) - log_r))
 
 
-def gae_advantages(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0,
-                   lam: float = 0.95) -> tuple[torch.Tensor, torch.Tensor]:
-    """Generalised advantage estimates (Schulman et al. 2016) and the returns the value model is fit to.
+def gae_advantages(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
+                   gamma: float = 1.0, lam: float = 0.95) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalised advantage estimates (Schulman et al. 2016) and the returns the value model is fit
+    to.
 
-    ``rewards``, ``values``: ``(B, T)`` per token (r_t, V(s_t)); ``mask``: bool ``(B, T)``, True on the
-    tokens of each row's episode, which must be contiguous (a completion, then padding). δ_t = r_t +
-    γ V(s_{t+1}) − V(s_t) with V = 0 after the episode's last token; A_t = δ_t + γλ A_{t+1}.
-    Returns ``(advantages, returns = advantages + values)``, both ``(B, T)`` and 0 off the mask.
-    λ = 1 gives the Monte-Carlo return minus the value (unbiased, high variance); λ = 0 the one-step δ_t.
+    ``rewards``, ``values``: ``(B, T)`` per token (r_t, V(s_t)); ``mask``: bool ``(B, T)``, True on
+    the tokens of each row's episode, which must be contiguous (a completion, then padding).
+    δ_t = r_t + γ V(s_{t+1}) − V(s_t) with V = 0 after the episode's last token; A_t = δ_t + γλ
+    A_{t+1}. Returns ``(advantages, returns = advantages + values)``, both ``(B, T)`` and 0 off the
+    mask. λ = 1 gives the Monte-Carlo return minus the value (unbiased, high variance); λ = 0 the
+    one-step δ_t.
 
     >>> adv, ret = gae_advantages(torch.tensor([[0.0, 1.0]]), torch.zeros(1, 2), torch.tensor([[True, True]]))
     >>> [round(a, 4) for a in adv[0].tolist()]     # A_1 = r_1 = 1, A_0 = γλ A_1
@@ -307,7 +325,8 @@ def gae_advantages(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tens
     advantages = torch.zeros_like(values)
     running = torch.zeros_like(values[:, 0])  # (B,) A_{t+1}
     for t in reversed(range(values.shape[1])):
-        next_in = m[:, t + 1] if t + 1 < values.shape[1] else torch.zeros_like(running)  # (B,) s_{t+1} in the episode
+        # (B,) s_{t+1} in the episode
+        next_in = m[:, t + 1] if t + 1 < values.shape[1] else torch.zeros_like(running)
         next_value = values[:, t + 1] if t + 1 < values.shape[1] else torch.zeros_like(running)
         delta = rewards[:, t] + gamma * next_value * next_in - values[:, t]
         running = (delta + gamma * lam * next_in * running) * m[:, t]

@@ -1,17 +1,21 @@
-"""What determines a trained model: a :class:`Recipe`, and the :class:`Stage` interface its training goes through.
+"""What determines a trained model: a :class:`Recipe`, and the :class:`Stage` interface its training
+goes through.
 
-Chapters 7–12 train their models through named recipes (:mod:`halluc_lab.recipes`, the registry) that a cache
-trains once (:mod:`halluc_lab.recipes.cache`). This module is the small part both need: the recipe itself and
-what a stage must offer. Each stage lives beside its training — pre-training and SFT in :mod:`halluc_lab.stages.sft`,
-DPO, RSFT and own-errors SFT in :mod:`halluc_lab.stages.preference`, PPO in :mod:`halluc_lab.stages.rlhf`, RLVR in
-:mod:`halluc_lab.stages.rlvr` — so a recipe's cache key covers the code of its own stage and not the others'.
+Chapters 7–12 train their models through named recipes (:mod:`halluc_lab.recipes`, the registry)
+that a cache trains once (:mod:`halluc_lab.recipes.cache`). This module is the small part both need:
+the recipe itself and what a stage must offer. Each stage lives beside its training — pre-training
+and SFT in :mod:`halluc_lab.stages.sft`, DPO, RSFT and own-errors SFT in
+:mod:`halluc_lab.stages.preference`, PPO in :mod:`halluc_lab.stages.rlhf`, RLVR in
+:mod:`halluc_lab.stages.rlvr` — so a recipe's cache key covers the code of its own stage and not the
+others'.
 
-**A stage** is a frozen dataclass that owns how its data are assembled and what its training needs. The cache
-calls one method, ``fit(recipe, model, device, dtype, checkpoints) -> History``, whose default runs
-:func:`halluc_lab.training.train.train` over three more: ``rows(recipe)`` (every packed row it trains on),
-``prepare(recipe)`` (``prepare(model, batch, step) -> batch`` before each step, or None) and ``loss(recipe)``.
-A stage that trains otherwise — on the starting model's own samples (DPO, RSFT), or in rounds of rollouts and
-updates (PPO, RLVR) — overrides ``fit`` and reads top to bottom there.
+**A stage** is a frozen dataclass that owns how its data are assembled and what its training needs.
+The cache calls one method, ``fit(recipe, model, device, dtype, checkpoints) -> History``, whose
+default runs :func:`halluc_lab.training.train.train` over three more: ``rows(recipe)`` (every packed
+row it trains on), ``prepare(recipe)`` (``prepare(model, batch, step) -> batch`` before each step,
+or None) and ``loss(recipe)``. A stage that trains otherwise — on the starting model's own samples
+(DPO, RSFT), or in rounds of rollouts and updates (PPO, RLVR) — overrides ``fit`` and reads top to
+bottom there.
 """
 
 from __future__ import annotations
@@ -40,7 +44,8 @@ NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]*")  # a recipe name is one safe 
 class Recipe:
     """Everything that determines a trained model."""
 
-    name: str  # "<task>-<stage>", e.g. "kb_walk-sft-clean"; the cache's folder name, so one path component
+    # "<task>-<stage>", e.g. "kb_walk-sft-clean"; the cache's folder name, so one path component
+    name: str
     scale: str  # "smoke" or "full"
     task: TaskConfig  # the task's world, splits and corpus
     model: ModelConfig  # the decoder's shape (a recipe with a parent repeats the parent's)
@@ -48,12 +53,14 @@ class Recipe:
     batch_size: int  # packed rows per optimizer step
     seq_len: int  # tokens per packed row
     stage: Stage  # what it trains on and how (Pretraining, SFT, DPO, RSFT, PPO, OwnErrorsSFT, RLVR)
-    parent: Recipe | None = None  # the recipe whose weights this one starts from (None: random init)
+    # the recipe whose weights this one starts from (None: random init)
+    parent: Recipe | None = None
     seed: int = 0  # model initialisation, data order and data draws
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not NAME.fullmatch(self.name) or ".." in self.name:
-            raise ValueError(f"name must be letters, digits and _ . + - (no '/', no '..', not starting with "
+            raise ValueError("name must be letters, digits and _ . + - (no '/', no '..', not "
+                             "starting with "
                              f"'.' or '-'): it names a folder of the cache; got {self.name!r}")
         if self.scale not in SCALES:
             raise ValueError(f"scale must be one of {SCALES}, got {self.scale!r}")
@@ -67,7 +74,8 @@ class Recipe:
         if self.parent is not None and not isinstance(self.parent, Recipe):
             raise TypeError(f"parent must be a Recipe or None, got {type(self.parent).__name__}")
         if self.parent is not None and self.parent.model != self.model:
-            raise ValueError(f"{self.name}: its model config differs from its parent's ({self.parent.name})")
+            raise ValueError(f"{self.name}: its model config differs from its parent's "
+                             f"({self.parent.name})")
 
     @property
     def pretraining(self) -> Recipe:
@@ -86,7 +94,8 @@ def with_seed(recipe: Recipe, seed: int) -> Recipe:
     if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
         raise ValueError(f"seed must be an int >= 0, got {seed!r}")
     shift = seed - recipe.pretraining.seed
-    parent = None if recipe.parent is None else with_seed(recipe.parent, seed)  # the same root, the same shift
+    # the same root, the same shift
+    parent = None if recipe.parent is None else with_seed(recipe.parent, seed)
     return dataclasses.replace(recipe, seed=recipe.seed + shift, parent=parent)
 
 
@@ -112,9 +121,10 @@ class Stage:
 
     def fit(self, recipe: Recipe, model: nn.Module, device: torch.device, dtype: torch.dtype,
             checkpoints: str) -> History:
-        """Train ``model`` in place (resuming from ``checkpoints``); its history. By default the loss-agnostic
-        loop over :meth:`rows` (``recipe.batch_size`` rows a step, each epoch in a fresh seeded order, so a
-        resumed run sees what an uninterrupted one would), :meth:`prepare` and :meth:`loss`."""
+        """Train ``model`` in place (resuming from ``checkpoints``); its history. By default the
+        loss-agnostic loop over :meth:`rows` (``recipe.batch_size`` rows a step, each epoch in a
+        fresh seeded order, so a resumed run sees what an uninterrupted one would), :meth:`prepare`
+        and :meth:`loss`."""
         data = batches(self.rows(recipe).to(device), recipe.batch_size, recipe.seed)
         return train(model, data, recipe.train, checkpoint_dir=checkpoints, resume=True,
                      loss=self.loss(recipe), prepare=self.prepare(recipe), autocast_dtype=dtype,
