@@ -163,7 +163,8 @@ def distinct_indices() -> Iterator[None]:
     if torch.compiler.is_compiling():
         yield  # (and asking for the mode here would break the traced graph in two)
         return
-    before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    before = (torch.are_deterministic_algorithms_enabled(),
+              torch.is_deterministic_algorithms_warn_only_enabled())
     torch.use_deterministic_algorithms(False)
     try:
         yield

@@ -14,7 +14,8 @@ book could not use.
 Example (in JupyterLab)::
 
     trained = recipes.load("kb_walk-pretrain", rt)
-    live_sampler(trained.model, trained.tokenizer, [f"{a} {r}" for a, r in sorted(trained.task.facts)[:12]])
+    live_sampler(trained.model, trained.tokenizer,
+                 [f"{a} {r}" for a, r in sorted(trained.task.facts)[:12]])
 """
 
 from __future__ import annotations
@@ -127,8 +128,8 @@ def live_sampler(model: nn.Module, tokenizer: Tokenizer, prompts: Sequence[str],
         draws["n"] += 1
         try:
             text = live.continuation(*knobs(), seed=draws["n"])
-            sampled.value = (f"<p class='halluc-live-sample'><code>{html.escape(prompt.value)}</code> → "
-                             f"<code>{html.escape(text)}</code></p>")
+            sampled.value = (f"<p class='halluc-live-sample'><code>{html.escape(prompt.value)}"
+                             f"</code> → <code>{html.escape(text)}</code></p>")
         except ValueError as err:
             sampled.value = f"<p><b>{html.escape(str(err))}</b></p>"
 

@@ -80,8 +80,8 @@ def read_glue(nb) -> dict:
             meta = output.get("metadata", {}).get("scrapbook")
             if not meta:
                 continue
-            name, text = meta["name"], output["data"].get(meta.get("mime_prefix",
-                                                                   "") + "text/plain")
+            name = meta["name"]
+            text = output["data"].get(meta.get("mime_prefix", "") + "text/plain")
             try:
                 value = _literal(text)
             except (ValueError, SyntaxError) as err:
@@ -148,7 +148,8 @@ def stale_footers(root: Path) -> dict[str, list[str]]:
 
     out: dict[str, list[str]] = {}
     for stem in toc_notebooks(root):
-        glued = read_glue(json.loads((Path(root) / "notebooks" / f"{stem}.ipynb").read_text(encoding="utf-8")))
+        path = Path(root) / "notebooks" / f"{stem}.ipynb"
+        glued = read_glue(json.loads(path.read_text(encoding="utf-8")))
         if not glued.get("run_recipes"):
             continue
         code = glued.get("run_code")

@@ -91,7 +91,8 @@ def hallucination_indicator(claims: Iterable[Claim | str]) -> float:
     """H(y) = 1 − V(c(y)) for the claims of one completion, c(y) their conjunction (abstentions left
     out): 1.0 when some stated claim is false, 0.0 when all are supported or none was stated.
 
-    >>> hallucination_indicator(["supported", "contradicted"]), hallucination_indicator(["abstained"])
+    >>> (hallucination_indicator(["supported", "contradicted"]),
+    ...  hallucination_indicator(["abstained"]))
     (1.0, 0.0)
     """
     if isinstance(claims, (str, Claim)):
@@ -122,7 +123,8 @@ def is_hallucination(outcome: str) -> bool:
     return _outcomes([outcome], "outcome")[0] == WRONG
 
 
-def per_prompt_rates(outcomes: AnswerScores | Sequence[str] | Sequence[Sequence[str]]) -> list[float]:
+def per_prompt_rates(outcomes: AnswerScores | Sequence[str] | Sequence[Sequence[str]]
+                     ) -> list[float]:
     """Per prompt, the share of its sampled answers that hallucinated: E_{y~π(·|x)} H(y) estimated.
     A flat sequence is one answer per prompt; a sequence of sequences is several samples per prompt
     (what :func:`halluc_lab.evaluation.stats.bootstrap_mean` takes for an interval)."""
@@ -208,10 +210,11 @@ def singleton_bound(counts: Mapping[Hashable, int], min_wrong_answers: int,
     >>> b.singleton_rate, b.leading, b.full
     (0.2, 0.2, 0.0)
     """
-    if isinstance(min_wrong_answers, bool) or not isinstance(min_wrong_answers,
-                                                             int) or min_wrong_answers < 1:
+    if (isinstance(min_wrong_answers, bool) or not isinstance(min_wrong_answers, int)
+            or min_wrong_answers < 1):
         raise ValueError(f"min_wrong_answers must be an int >= 1, got {min_wrong_answers!r}")
-    if isinstance(miscalibration, bool) or not isinstance(miscalibration, Real) or not 0 <= miscalibration < math.inf:
+    if (isinstance(miscalibration, bool) or not isinstance(miscalibration, Real)
+            or not 0 <= miscalibration < math.inf):
         raise ValueError(f"miscalibration must be a finite number >= 0, got {miscalibration!r}")
     checked = _counts(counts)
     n = sum(checked.values())

@@ -263,7 +263,8 @@ class FusedRetriever:
         if len(sizes) != 1:
             raise ValueError(f"the retrievers index different numbers of passages: {sorted(sizes)}")
         lexical.check_k(depth, "depth")
-        if isinstance(rrf_k, bool) or not isinstance(rrf_k, numbers.Real) or not (math.isfinite(rrf_k) and rrf_k > 0):
+        if (isinstance(rrf_k, bool) or not isinstance(rrf_k, numbers.Real)
+                or not (math.isfinite(rrf_k) and rrf_k > 0)):
             raise ValueError(f"rrf_k must be finite and > 0, got {rrf_k!r}")
         self.retrievers, self.depth, self.rrf_k = tuple(retrievers), depth, float(rrf_k)
         self.n_passages = sizes.pop()

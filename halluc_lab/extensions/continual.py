@@ -113,8 +113,8 @@ class Anchored:
 
     def __init__(self, loss: Callable, model: nn.Module, lam: float, *,
                  first_new: int | None = None):
-        if isinstance(lam, bool) or not isinstance(lam, (int, float)) or not (math.isfinite(lam)
-                                                                              and lam >= 0):
+        if (isinstance(lam, bool) or not isinstance(lam, (int, float))
+                or not (math.isfinite(lam) and lam >= 0)):
             raise ValueError(f"lam must be a finite number >= 0, got {lam!r}")
         self.loss, self.lam = loss, float(lam)
         self.anchor = {n: p.detach().clone() for n, p in model.named_parameters()
@@ -126,7 +126,8 @@ class Anchored:
         if first_new is not None:
             for n, a in self.anchor.items():
                 if n.endswith(_TOKEN_ROWS):
-                    if isinstance(first_new, bool) or not isinstance(first_new, int) or not 0 < first_new < len(a):
+                    if (isinstance(first_new, bool) or not isinstance(first_new, int)
+                            or not 0 < first_new < len(a)):
                         raise ValueError(f"first_new must be an int in [1, {len(a) - 1}], got "
                                          f"{first_new!r}")
                     self.rows[n] = first_new
@@ -206,8 +207,8 @@ def train_new_rows(model: nn.Module, first_new: int) -> list:
     every older row. With AdamW at weight decay 0 an old row then never moves (a zero gradient gives
     Adam a zero update). Returns the hooks' handles."""
     emb = model.embed_tokens.weight
-    if isinstance(first_new, bool) or not isinstance(first_new,
-                                                     int) or not 0 < first_new < emb.shape[0]:
+    if (isinstance(first_new, bool) or not isinstance(first_new, int)
+            or not 0 < first_new < emb.shape[0]):
         raise ValueError(f"first_new must be an int in [1, {emb.shape[0] - 1}] (the first new "
                          f"token), got {first_new!r}")
     weights = [emb] + ([] if model.lm_head is None else [model.lm_head.weight])

@@ -100,7 +100,8 @@ class FrozenBlocks(Method):
 
     @property
     def label(self) -> str:
-        return f"frozen backbone, block{'s' * (len(self.blocks) > 1)} {', '.join(map(str, self.blocks))} trained"
+        blocks = ", ".join(map(str, self.blocks))
+        return f"frozen backbone, block{'s' * (len(self.blocks) > 1)} {blocks} trained"
 
     def prepare(self, model: Transformer, first_new: int, *, seed: int) -> nn.Module:
         _check_model(model)
@@ -133,8 +134,8 @@ class LoRA(Method):
     def prepare(self, model: Transformer, first_new: int, *, seed: int) -> nn.Module:
         _check_model(model)
         vocab = model.config.vocab_size
-        if isinstance(first_new, bool) or not isinstance(first_new,
-                                                         int) or not 0 < first_new < vocab:
+        if (isinstance(first_new, bool) or not isinstance(first_new, int)
+                or not 0 < first_new < vocab):
             raise ValueError(f"first_new must be an int in [1, {vocab - 1}] (the first new token), "
                              f"got {first_new!r}")
         return with_lora(model, self.spec, seed=seed, new_tokens=range(first_new, vocab)).train()

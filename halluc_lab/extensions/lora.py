@@ -5,9 +5,10 @@ Chapter 12 (continual learning). Sources: 001 Part 4 §1 (updating a selected pa
 θ = θ_trainable ∪ θ_frozen, eq. 12); Hu et al. 2021 (LoRA); Biderman et al. 2024 (LoRA learns less
 and forgets less)::
 
-    lm = with_lora(model, LoraSpec(rank=8, targets=ATTENTION), seed=0)   # the twin, adapters on, base frozen
-    train(lm, data, cfg)                                                  # the lab's loop, padded rows
-    model2 = merge(lm)                                                    # the lab's model again: its engine runs it
+    # the twin, adapters on, base frozen
+    lm = with_lora(model, LoraSpec(rank=8, targets=ATTENTION), seed=0)
+    train(lm, data, cfg)  # the lab's loop, padded rows
+    model2 = merge(lm)    # the lab's model again: its engine runs it
 
 LoRA (Low-Rank Adaptation) freezes a weight matrix W (d_out × d_in) and learns a low-rank change
 beside it: W' = W + (α/r) B A, with A (r × d_in) drawn at random and B (d_out × r) zero at the
@@ -64,9 +65,9 @@ class LoraSpec:
         if isinstance(self.alpha, bool) or not isinstance(self.alpha, (int, float)) or not (
                 math.isfinite(self.alpha) and self.alpha > 0):
             raise ValueError(f"alpha must be a positive finite number, got {self.alpha!r}")
-        if not isinstance(self.targets,
-                          tuple) or not self.targets or set(self.targets) - set(ALL_LINEAR) \
-                or len(set(self.targets)) != len(self.targets):
+        if (not isinstance(self.targets, tuple) or not self.targets
+                or set(self.targets) - set(ALL_LINEAR)
+                or len(set(self.targets)) != len(self.targets)):
             raise ValueError("targets must be a non-empty tuple of distinct names from "
                              f"{ALL_LINEAR}, got {self.targets!r}")
         if not (isinstance(self.dropout, (int, float)) and 0.0 <= self.dropout < 1.0):
@@ -77,7 +78,8 @@ class LoraSpec:
         train too (peft's trainable tokens; with a tied head, the head's rows are the same rows)."""
         from peft import LoraConfig
 
-        tokens = {"trainable_token_indices": {"embed_tokens": list(new_tokens)}} if new_tokens else {}
+        tokens = ({"trainable_token_indices": {"embed_tokens": list(new_tokens)}} if new_tokens
+                  else {})
         return LoraConfig(r=self.rank, lora_alpha=self.alpha, target_modules=list(self.targets),
                           lora_dropout=self.dropout, bias="none", **tokens)
 
@@ -85,7 +87,8 @@ class LoraSpec:
         """Trainable parameters one block gets: r (d_in + d_out) per adapted layer.
 
         >>> from halluc_lab.model.config import ModelConfig
-        >>> LoraSpec(rank=2, targets=("q_proj",)).parameters_per_block(ModelConfig(vocab_size=8, hidden_size=16))
+        >>> LoraSpec(rank=2, targets=("q_proj",)).parameters_per_block(
+        ...     ModelConfig(vocab_size=8, hidden_size=16))
         64
         """
         d, f = model_config.hidden_size, model_config.intermediate_size

@@ -46,7 +46,8 @@ class ForbiddenFacts:
     >>> seq = ForbiddenFacts(r).demonstration(tok, task, ex)
     >>> tok.decode(seq.ids) == f"<bos> {e} {r} = {e} {r} {x} <bksp> <abstain> <eos>"
     True
-    >>> ForbiddenFacts(r).judge(task, f"{e} {r} {x} <bksp> <abstain> <eos>")  # (wrote one, one survives)
+    >>> ForbiddenFacts(r).judge(  # (wrote one, one survives)
+    ...     task, f"{e} {r} {x} <bksp> <abstain> <eos>")
     (True, False)
     """
 
@@ -88,10 +89,8 @@ class ForbiddenFacts:
             tail, tail_labels = (tok.abstain_id, tok.eos_id), (tok.abstain_id, tok.eos_id)
         else:
             fact = tok.token_id(gold[i])
-            tail, tail_labels = (fact, tok.bksp_id, tok.abstain_id, tok.eos_id), (IGNORE,
-                                                                                  tok.bksp_id,
-                                                                                   tok.abstain_id,
-                                                                                  tok.eos_id)
+            tail = (fact, tok.bksp_id, tok.abstain_id, tok.eos_id)
+            tail_labels = (IGNORE, tok.bksp_id, tok.abstain_id, tok.eos_id)
         return Encoded(prompt + said + tail, (IGNORE,) * len(prompt) + said + tail_labels)
 
     def prefill(self, task, example: Example) -> str:

@@ -46,8 +46,8 @@ def _check_tokens(tokens: torch.Tensor, min_len: int = 1) -> None:
 def _log_probs(model: Model, tokens: torch.Tensor) -> torch.Tensor:
     """Call the model and normalise: (B, T) -> (B, T, V) log-probabilities."""
     logits = model(tokens)
-    if not isinstance(logits,
-                      torch.Tensor) or logits.dim() != 3 or logits.shape[:2] != tokens.shape:
+    if (not isinstance(logits, torch.Tensor) or logits.dim() != 3
+            or logits.shape[:2] != tokens.shape):
         raise ValueError(f"model must map tokens of shape {tuple(tokens.shape)} to logits of shape "
                          f"(B, T, V); got {getattr(logits, 'shape', type(logits).__name__)}")
     if bool(torch.isnan(logits).any()):
@@ -158,11 +158,12 @@ def generate(model: Model, prompt: torch.Tensor, max_new_tokens: int, generator:
 
     Example:
         >>> bos = torch.zeros(4, 1, dtype=torch.long)
-        >>> tokens, lp = generate(model, bos, 20, torch.Generator().manual_seed(0), eos_id=9)  # doctest: +SKIP
+        >>> g = torch.Generator().manual_seed(0)
+        >>> tokens, lp = generate(model, bos, 20, g, eos_id=9)  # doctest: +SKIP
     """
     _check_tokens(prompt)
-    if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens,
-                                                         bool) or max_new_tokens < 0:
+    if (not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool)
+            or max_new_tokens < 0):
         raise ValueError(f"max_new_tokens must be an int ≥ 0, got {max_new_tokens!r}")
     if not isinstance(generator, torch.Generator):
         raise TypeError("generator must be a torch.Generator (randomness is explicit)")

@@ -174,7 +174,8 @@ def estimate(tagged_sentences: Sequence[TaggedSentence], tags: Sequence[str], wo
     emission[t, w] ∝ #(w tagged t) + s, each row normalised to 1 (s = ``smoothing``, Lidstone).
 
     Example:
-        >>> h = estimate([(("the", "dog"), ("DET", "NOUN"))], ["DET", "NOUN"], ["the", "dog"], smoothing=1)
+        >>> h = estimate([(("the", "dog"), ("DET", "NOUN"))], ["DET", "NOUN"], ["the", "dog"],
+        ...              smoothing=1)
         >>> h.start.tolist(), h.emission[0].tolist()
         ([0.6666666666666666, 0.3333333333333333], [0.6666666666666666, 0.3333333333333333])
     """

@@ -81,7 +81,8 @@ class ElmanLM(nn.Module):
     """An Elman RNN language model with 003's parameter names; ``model(tokens)`` gives logits.
 
     Example:
-        >>> model = ElmanLM(RNNConfig(vocab_size=5, hidden_size=8), torch.Generator().manual_seed(0))
+        >>> model = ElmanLM(RNNConfig(vocab_size=5, hidden_size=8),
+        ...                 torch.Generator().manual_seed(0))
         >>> model(torch.tensor([[0, 1, 2]])).shape        # (B, T, R)
         torch.Size([1, 3, 5])
     """
@@ -111,7 +112,8 @@ class ElmanLM(nn.Module):
     def trace(self, x: torch.Tensor, h0: torch.Tensor | None = None) -> Trace:
         """The forward pass of 003 §2.2 over inputs x (B, T, p), keeping every intermediate."""
         if x.dim() != 3 or x.shape[-1] != self.W_xh.shape[1]:
-            raise ValueError(f"x must have shape (B, T, {self.W_xh.shape[1]}), got {tuple(x.shape)}")
+            raise ValueError(f"x must have shape (B, T, {self.W_xh.shape[1]}), "
+                             f"got {tuple(x.shape)}")
         b, hidden = x.shape[0], self.W_hh.shape[0]
         h_prev = x.new_zeros(b, hidden) if h0 is None else h0  # (B, H): h_0 = 0 unless given
         if h_prev.shape != (b, hidden):
@@ -141,15 +143,15 @@ def _check_batch(model: ElmanLM, x: torch.Tensor, targets: torch.Tensor,
                  mask: torch.Tensor | None) -> torch.Tensor:
     if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.dim() != 3:
         raise TypeError("x must be a floating-point (B, T, p) tensor of inputs")
-    if not isinstance(targets,
-                      torch.Tensor) or targets.dtype != torch.long or targets.shape != x.shape[:2]:
+    if (not isinstance(targets, torch.Tensor) or targets.dtype != torch.long
+            or targets.shape != x.shape[:2]):
         raise ValueError(f"targets must be a torch.long tensor of shape {tuple(x.shape[:2])}")
     if bool((targets < 0).any()) or bool((targets >= model.config.vocab_size).any()):
         raise ValueError(f"targets must be ids in [0, {model.config.vocab_size - 1}]")
     if mask is None:
         return torch.ones_like(targets, dtype=torch.bool)
-    if not isinstance(mask,
-                      torch.Tensor) or mask.dtype != torch.bool or mask.shape != targets.shape:
+    if (not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool
+            or mask.shape != targets.shape):
         raise ValueError(f"mask must be a bool tensor of shape {tuple(targets.shape)}")
     return mask
 

@@ -110,8 +110,8 @@ def _documents(documents: Sequence[str | Sequence[Hashable]]) -> list[list[Hasha
 
 
 def cooccurrence_graph(documents: Sequence[str | Sequence[Hashable]], window: int = 2,
-                       vocabulary: Sequence[Hashable] | None = None) -> tuple[list[Hashable],
-                                                                              np.ndarray]:
+                       vocabulary: Sequence[Hashable] | None = None
+                       ) -> tuple[list[Hashable], np.ndarray]:
     """The undirected word graph of TextRank: (words, weights (V, V)), weights symmetric counts.
 
     Each document is a list of tokens or a whitespace-separated string. Tokens not in

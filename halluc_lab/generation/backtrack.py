@@ -4,12 +4,14 @@ Chapter 10 (chapter 8 trained the token, chapter 11 measures what it does to hal
 Sources: 000 §7.3 (detect, backtrack, correct), 001 Part 2 §3 (RLVR: the rollouts it learns from);
 Zhang et al. 2024 ([RESET]), Yang et al. 2025 (Self-Backtracking)::
 
-    out = rollout(model, prompts, 16, bksp_id=tok.bksp_id, context="erase", stop_tokens=(tok.eos_id,),
-                  generator=g, n_samples=8)
-    out.text_lists()      # what each answer finally says: erased tokens and backspaces removed (the verifier's input)
+    out = rollout(model, prompts, 16, bksp_id=tok.bksp_id, context="erase",
+                  stop_tokens=(tok.eos_id,), generator=g, n_samples=8)
+    out.text_lists()      # what each answer finally says: erased tokens and backspaces removed
+                          # (the verifier's input)
     out.token_lists()     # every token the row emitted, in order, erased ones and <bksp> included
     out.logprobs          # log π of each, in the context it was sampled in
-    rows = training_rows(prompt, out.token_lists()[0], out.sampled_mask[0].tolist(), tok.bksp_id, "erase")
+    rows = training_rows(prompt, out.token_lists()[0], out.sampled_mask[0].tolist(), tok.bksp_id,
+                         "erase")
 
 **Two contexts** (ARCHITECTURE.md §8, the same choice as chapter 8's demonstrations):
 
@@ -96,8 +98,8 @@ class BacktrackEngine(Engine):
                  cuda_graph: bool | None = None, fused: bool = False) -> None:
         super().__init__(model, batch_size, max_positions, dtype=dtype, cuda_graph=cuda_graph,
                          fused=fused)
-        if isinstance(bksp_id, bool) or not isinstance(bksp_id,
-                                                       int) or not 0 <= bksp_id < self.vocab_size:
+        if (isinstance(bksp_id, bool) or not isinstance(bksp_id, int)
+                or not 0 <= bksp_id < self.vocab_size):
             raise ValueError(f"bksp_id must be a token id in [0, {self.vocab_size - 1}], "
                              f"got {bksp_id!r}")
         _check_context(context)

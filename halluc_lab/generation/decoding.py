@@ -28,8 +28,8 @@ Step = Callable[[torch.Tensor], torch.Tensor]  # (N, t) token ids -> (N, V) next
 
 def _call_step(step: Step, tokens: torch.Tensor) -> torch.Tensor:
     logits = step(tokens)  # (N, V)
-    if not isinstance(logits,
-                      torch.Tensor) or logits.dim() != 2 or logits.shape[0] != tokens.shape[0]:
+    if (not isinstance(logits, torch.Tensor) or logits.dim() != 2
+            or logits.shape[0] != tokens.shape[0]):
         shape = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
         raise ValueError(f"step must map tokens (N, t) to logits (N, V); got {shape} for N = "
                          f"{tokens.shape[0]}")
@@ -38,8 +38,8 @@ def _call_step(step: Step, tokens: torch.Tensor) -> torch.Tensor:
 
 def _check_prompt(prompt: torch.Tensor) -> torch.Tensor:
     """A (T0,) or (N, T0) int64 prompt as (N, T0)."""
-    if not isinstance(prompt,
-                      torch.Tensor) or prompt.dtype != torch.long or prompt.dim() not in (1, 2):
+    if (not isinstance(prompt, torch.Tensor) or prompt.dtype != torch.long
+            or prompt.dim() not in (1, 2)):
         raise ValueError("prompt must be an int64 tensor of shape (T0,) or (N, T0)")
     if 0 in prompt.shape:  # the step would see no token to condition on
         raise ValueError("prompt must have N >= 1 rows of T0 >= 1 tokens, got shape "
@@ -118,8 +118,8 @@ def beam_search(step: Step, prompt: torch.Tensor, beam_width: int, max_new_token
     tokens = _check_prompt(prompt)  # (N, T0)
     _check_count(beam_width, "beam_width", 1)
     _check_count(max_new_tokens, "max_new_tokens", 0)
-    if isinstance(length_bonus, bool) or not isinstance(length_bonus,
-                                                        Real) or not math.isfinite(length_bonus):
+    if (isinstance(length_bonus, bool) or not isinstance(length_bonus, Real)
+            or not math.isfinite(length_bonus)):
         raise ValueError(f"length_bonus must be a finite number, got {length_bonus!r}")
     N, B = tokens.shape[0], beam_width
     tokens = tokens.repeat_interleave(B, dim=0)  # (N·B, T0)

@@ -41,7 +41,8 @@ from torch import nn
 from halluc_lab.generation.engine_checks import (NonFiniteLogits, check_context,  # noqa: F401
                                                  check_count, model_context, prompt_lists)
 from halluc_lab.generation.engine_core import Engine, GenerationResult
-from halluc_lab.generation.sampling import GREEDY, SamplingParams  # noqa: F401 (also imported from here)
+# GREEDY and SamplingParams are also imported from here
+from halluc_lab.generation.sampling import GREEDY, SamplingParams  # noqa: F401
 
 Tensor = torch.Tensor
 # engine_for keeps this many engines (kinds × batch buckets × lengths) per model
@@ -105,7 +106,8 @@ def generate(model: nn.Module, prompts: Sequence[Sequence[int]] | Tensor, max_ne
 
         out = generate(model, [[1, 2, 3]], 10, sampling=SamplingParams(greedy=True))
         out.token_lists()     # [[...10 ids...]]
-        group = generate(model, [[1, 2, 3], [4]], 10, n_samples=8, generator=g)   # 16 rows, 8 per prompt
+        # 16 rows, 8 per prompt
+        group = generate(model, [[1, 2, 3], [4]], 10, n_samples=8, generator=g)
     """
     prompts = prompt_lists(prompts)
     check_count("max_new_tokens", max_new_tokens)

@@ -220,7 +220,8 @@ class Engine:
         self.stopped.zero_()
         self.force_mask.zero_()
         self.nonfinite.zero_()
-        self.stop_buf.copy_(to_device(list(stop_tokens) + [-1] * (MAX_STOP_TOKENS - len(stop_tokens)), self.device))
+        stops = list(stop_tokens) + [-1] * (MAX_STOP_TOKENS - len(stop_tokens))
+        self.stop_buf.copy_(to_device(stops, self.device))
         self._prefill(prompts, n_samples)
 
     def _prefill(self, prompts: list[list[int]], n_samples: int) -> None:

@@ -303,7 +303,8 @@ def _ranked_probs(logits: torch.Tensor, temperature: Param, top_k: int | torch.T
     tau = _temperature(temperature, logits, validate)
     k = None if top_k is None else _top_k(top_k, logits, validate)
     p = None if top_p is None else _top_p(top_p, logits, validate)
-    V, fixed_k, fixed_p = logits.shape[-1], not isinstance(k, torch.Tensor), not isinstance(p, torch.Tensor)
+    V = logits.shape[-1]
+    fixed_k, fixed_p = not isinstance(k, torch.Tensor), not isinstance(p, torch.Tensor)
     # filters that keep every token cost nothing
     k = None if fixed_k and k is not None and k >= V else k
     p = None if fixed_p and p is not None and p >= 1 else p

@@ -101,7 +101,8 @@ def _check_qkv(q: Tensor, k: Tensor, v: Tensor) -> None:
     except RuntimeError:
         raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} leading dimensions do "
                          "not broadcast; "
-                         "for grouped-query attention expand k and v with repeat_kv first") from None
+                         "for grouped-query attention expand k and v with repeat_kv first"
+                         ) from None
 
 
 def _check_scale(scale: float | None) -> None:
@@ -234,7 +235,8 @@ class AttentionConfig:
         if not isinstance(self.fast, bool):
             raise TypeError(f"fast must be a bool, got {type(self.fast).__name__} {self.fast!r}")
         if self.n_kv_heads is not None and self.n_heads % self.n_kv_heads:
-            raise ValueError(f"n_kv_heads must divide n_heads={self.n_heads}, got {self.n_kv_heads}")
+            raise ValueError(f"n_kv_heads must divide n_heads={self.n_heads}, "
+                             f"got {self.n_kv_heads}")
         if self.head_dim is None and self.d_model % self.n_heads:
             raise ValueError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}; "
                              "give head_dim")

@@ -52,7 +52,8 @@ class ModelConfig:
             raise ValueError(f"hidden_size={self.hidden_size} must be divisible by "
                              f"n_heads={self.n_heads}")
         if self.n_heads % self.n_kv_heads:
-            raise ValueError(f"n_kv_heads must divide n_heads={self.n_heads}, got {self.n_kv_heads}")
+            raise ValueError(f"n_kv_heads must divide n_heads={self.n_heads}, "
+                             f"got {self.n_kv_heads}")
         if self.head_dim % 2:
             raise ValueError("head_dim = hidden_size / n_heads must be even for RoPE, got "
                              f"{self.head_dim}")

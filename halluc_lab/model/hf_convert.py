@@ -96,8 +96,9 @@ def config_from_hf(hf_config, **overrides) -> ModelConfig:
     elif kind == "yarn":
         if rope.get("mscale") or rope.get("mscale_all_dim"):
             raise ValueError("YaRN with mscale/mscale_all_dim is not supported")
+        original = "original_max_position_embeddings"
         scaling = RopeScaling("yarn", float(rope["factor"]),
-                              original_max_positions=int(rope.get("original_max_position_embeddings")
+                              original_max_positions=int(rope.get(original)
                                                          or d["max_position_embeddings"]),
                               beta_fast=float(rope.get("beta_fast") or 32),
                               beta_slow=float(rope.get("beta_slow") or 1),
@@ -228,7 +229,8 @@ def load_pretrained(directory: str | Path) -> Transformer:
     files = _index_shards(directory) if (directory / INDEX_NAME).is_file() else [WEIGHTS_NAME]
     for f in files:
         if not (directory / f).is_file():
-            declared = f"declared by {directory / INDEX_NAME}" if f != WEIGHTS_NAME else "(no shard index either)"
+            declared = (f"declared by {directory / INDEX_NAME}" if f != WEIGHTS_NAME
+                        else "(no shard index either)")
             raise FileNotFoundError(f"weight file {directory / f} does not exist {declared}")
     state = {}
     for f in files:

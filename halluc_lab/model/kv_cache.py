@@ -238,8 +238,8 @@ class KVCache:
         this cache's lengths afterwards (:meth:`set_lengths`). The engine prefills distinct prompts
         with it.
         """
-        if not isinstance(n_rows, int) or isinstance(n_rows,
-                                                     bool) or not 1 <= n_rows <= self.batch_size:
+        if (not isinstance(n_rows, int) or isinstance(n_rows, bool)
+                or not 1 <= n_rows <= self.batch_size):
             raise ValueError(f"n_rows must be an int in [1, {self.batch_size}], got {n_rows!r}")
         part = object.__new__(KVCache)
         part.k, part.v = self.k[:, :n_rows], self.v[:, :n_rows]  # (L, n_rows, T, H_kv, D) views
@@ -258,8 +258,8 @@ class KVCache:
         """
         source = torch.as_tensor(source)  # checked where it is: a host tensor costs no sync
         R, T = source.numel(), self.capacity if n_positions is None else n_positions
-        if source.ndim != 1 or source.dtype not in (torch.long,
-                                                    torch.int) or not 1 <= R <= self.batch_size:
+        if (source.ndim != 1 or source.dtype not in (torch.long, torch.int)
+                or not 1 <= R <= self.batch_size):
             raise ValueError(f"source must be a 1-D int tensor of 1 to {self.batch_size} row "
                              "indices, got "
                              f"{tuple(source.shape)} {source.dtype}")
@@ -332,7 +332,7 @@ def step_cost(config, n_new: int, n_cached: int = 0, batch: int = 1,
 
     Example::
 
-        step_cost(config, 1, 99).scores       # 100: the new query against 99 cached keys and its own
+        step_cost(config, 1, 99).scores    # 100: the new query against 99 cached keys and its own
     """
     for name, value in (("n_new", n_new), ("batch", batch), ("bytes_per_value", bytes_per_value)):
         _positive_int(name, value)

@@ -57,7 +57,8 @@ def _check_number(name: str, value: object, low: float, *, inclusive: bool = Fal
 
 def _check_positions(positions: Tensor, ndims: tuple[int, ...] = (1, 2)) -> None:
     if not isinstance(positions, Tensor):
-        raise TypeError(f"positions must be an integer torch.Tensor, got {type(positions).__name__}")
+        raise TypeError("positions must be an integer torch.Tensor, "
+                        f"got {type(positions).__name__}")
     if positions.is_floating_point() or positions.is_complex() or positions.dtype == torch.bool:
         raise ValueError(f"positions must be integers (token indices), got dtype {positions.dtype}")
     if positions.ndim not in ndims:
@@ -192,7 +193,8 @@ def _yarn_hf_inv_freq(head_dim: int, base: float, s: RopeScaling) -> Tensor:
     """HF's YaRN: a ramp linear in the plane index between the planes turning beta_fast and
     beta_slow times in L."""
     def plane_with_rotations(n: float) -> float:  # k such that L / (2π base^{2k/D}) = n
-        return head_dim * math.log(s.original_max_positions / (n * 2 * math.pi)) / (2 * math.log(base))
+        return (head_dim * math.log(s.original_max_positions / (n * 2 * math.pi))
+                / (2 * math.log(base)))
 
     low, high = plane_with_rotations(s.beta_fast), plane_with_rotations(s.beta_slow)
     if s.truncate:
@@ -218,7 +220,8 @@ def rope_frequencies(head_dim: int, base: float = 10000.0,
 
     Example::
 
-        inv_freq, attn = rope_frequencies(64, scaling=RopeScaling("yarn", 4.0, original_max_positions=256))
+        inv_freq, attn = rope_frequencies(
+            64, scaling=RopeScaling("yarn", 4.0, original_max_positions=256))
     """
     _check_head_dim(head_dim)
     _check_number("base", base, 1)
@@ -231,7 +234,8 @@ def rope_frequencies(head_dim: int, base: float = 10000.0,
         return _base_inv_freq(head_dim, base) / s.factor, 1.0
     if s.kind == "ntk":  # 004 §7.5: same positions, larger base
         return _base_inv_freq(head_dim, ntk_aware_base(base, s.factor, head_dim)), 1.0
-    attention = yarn_attention_factor(s.factor) if s.attention_factor is None else float(s.attention_factor)
+    attention = (yarn_attention_factor(s.factor) if s.attention_factor is None
+                 else float(s.attention_factor))
     return _yarn_hf_inv_freq(head_dim, base, s), attention
 
 

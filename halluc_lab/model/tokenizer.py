@@ -86,7 +86,8 @@ class Tokenizer:
             return self._ids[symbol]
         except KeyError:
             raise ValueError(f"unknown symbol {symbol!r}: not in this vocabulary of "
-                             f"{self.vocab_size} tokens (first ones: {list(self.tokens[:12])})") from None
+                             f"{self.vocab_size} tokens "
+                             f"(first ones: {list(self.tokens[:12])})") from None
 
     def encode(self, text: str | Sequence[str]) -> list[int]:
         """Ids of a space-separated string (or a list of symbols); no tokens are added."""
@@ -172,10 +173,11 @@ class Tokenizer:
             with open(path, encoding="utf-8") as f:
                 data = json.load(f)
         except (json.JSONDecodeError, UnicodeDecodeError) as err:
-            raise ValueError(f"{path}: not valid JSON ({err}); expected {{\"tokens\": [...]}}") from None
+            raise ValueError(f"{path}: not valid JSON ({err}); "
+                             "expected {\"tokens\": [...]}") from None
         if not isinstance(data, dict) or "tokens" not in data:
-            got = f"keys {sorted(data)}" if isinstance(data,
-                                                       dict) else f"a JSON {type(data).__name__}"
+            got = (f"keys {sorted(data)}" if isinstance(data, dict)
+                   else f"a JSON {type(data).__name__}")
             raise ValueError(f"{path}: expected a JSON object with a 'tokens' key, got {got}")
         tokens = data["tokens"]
         if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
@@ -218,7 +220,8 @@ def _strict_hf_class() -> type:
                                   for w in t.split()} - vocab.keys())
                 raise ValueError(f"unknown symbol(s) {unknown}: not in this vocabulary of "
                                  f"{len(vocab)} tokens "
-                                 f"(the export has no <unk> token; see halluc_lab.model.tokenizer)") from None
+                                 "(the export has no <unk> token; "
+                                 "see halluc_lab.model.tokenizer)") from None
 
     return StrictTokenizerFast
 

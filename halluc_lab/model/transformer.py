@@ -84,7 +84,8 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         if self.fast:  # one fused kernel where PyTorch has one; same formula
-            out_dtype = x.dtype if x.dtype == self.weight.dtype else torch.promote_types(x.dtype, self.weight.dtype)
+            out_dtype = (x.dtype if x.dtype == self.weight.dtype
+                         else torch.promote_types(x.dtype, self.weight.dtype))
             return F.rms_norm(x.float(), x.shape[-1:], self.weight.float(), self.eps).to(out_dtype)
         return rms_norm_reference(x, self.weight, self.eps)
 
@@ -96,7 +97,8 @@ class SelfAttention(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         c = config
-        self.n_heads, self.n_kv_heads, self.head_dim, self.fast = c.n_heads, c.n_kv_heads, c.head_dim, c.fast
+        self.n_heads, self.n_kv_heads = c.n_heads, c.n_kv_heads
+        self.head_dim, self.fast = c.head_dim, c.fast
         # W_Q, W_K, W_V of every head stacked as one matrix: one matmul instead of three.
         self.qkv_proj = nn.Linear(c.hidden_size, (c.n_heads + 2 * c.n_kv_heads) * c.head_dim,
                                   bias=False)
@@ -215,12 +217,13 @@ def check_logits_to_keep(logits_to_keep: int | Tensor, B: int, T: int,
             raise ValueError("logits_to_keep must be an int, or an int tensor of positions (K,) "
                              f"or ({B}, K), "
                              f"got {index.dtype} {tuple(index.shape)}")
-        if index.numel() and not _capturing(index) and not 0 <= int(index.min()) <= int(index.max()) < T:
+        if (index.numel() and not _capturing(index)
+                and not 0 <= int(index.min()) <= int(index.max()) < T):
             raise ValueError(f"logits_to_keep positions must lie in [0, {T - 1}], got "
                              f"{index.tolist()}")
         return index
-    if not isinstance(logits_to_keep, int) or isinstance(logits_to_keep,
-                                                         bool) or not 0 <= logits_to_keep <= T:
+    if (not isinstance(logits_to_keep, int) or isinstance(logits_to_keep, bool)
+            or not 0 <= logits_to_keep <= T):
         raise ValueError(f"logits_to_keep must be an int in [0, {T}] (0 = all positions) or a "
                          "tensor of positions, "
                          f"got {logits_to_keep!r}")
@@ -242,7 +245,8 @@ class Transformer(nn.Module):
 
     Example::
 
-        model = Transformer(ModelConfig(vocab_size=512, hidden_size=64, n_layers=2, n_heads=4, n_kv_heads=2))
+        model = Transformer(ModelConfig(vocab_size=512, hidden_size=64, n_layers=2, n_heads=4,
+                                        n_kv_heads=2))
         logits = model(torch.randint(0, 512, (2, 10)))     # (2, 10, 512)
     """
 
@@ -270,7 +274,8 @@ class Transformer(nn.Module):
             raise ValueError(f"seed must be a non-negative int, got {seed!r}")
         # drawn on the CPU, so the weights do not depend on the device
         g = torch.Generator().manual_seed(seed)
-        std, residual_std = self.config.init_std, self.config.init_std / math.sqrt(2 * self.config.n_layers)
+        std = self.config.init_std
+        residual_std = self.config.init_std / math.sqrt(2 * self.config.n_layers)
         for name, p in self.named_parameters():
             if name.endswith("layernorm.weight") or name == "norm.weight":
                 p.fill_(1.0)

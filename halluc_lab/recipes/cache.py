@@ -43,7 +43,8 @@ from halluc_lab.model import hf_convert
 from halluc_lab.recipes import code_trees
 from halluc_lab.recipes.cache_key import Platform, code_hashes, identity, key
 # re-exported: the key's names, which recipes gathers from here
-from halluc_lab.recipes.cache_key import FORMAT_VERSION, code_fingerprint, code_modules  # noqa: F401
+from halluc_lab.recipes.cache_key import (FORMAT_VERSION, code_fingerprint,  # noqa: F401
+                                          code_modules)  # noqa: F401
 from halluc_lab.training import distributed
 from halluc_lab.model.transformer import Transformer
 from halluc_lab.training.recipe import Recipe, lineage
@@ -70,7 +71,8 @@ def cache_root() -> str:
 
 def _where() -> str:
     """How the cache folder was chosen, for error messages."""
-    return f"${ENV_CACHE}={cache_root()}" if os.environ.get(ENV_CACHE) else f"the cache folder {cache_root()}"
+    return (f"${ENV_CACHE}={cache_root()}" if os.environ.get(ENV_CACHE)
+            else f"the cache folder {cache_root()}")
 
 
 def usable_root() -> str:
@@ -78,7 +80,8 @@ def usable_root() -> str:
     path if it is not a folder or cannot be made."""
     root = cache_root()
     if os.path.exists(root) and not os.path.isdir(root):
-        raise CacheError(f"{_where()} is not a folder: point ${ENV_CACHE} at a folder (or unset it)")
+        raise CacheError(f"{_where()} is not a folder: "
+                         f"point ${ENV_CACHE} at a folder (or unset it)")
     try:
         os.makedirs(root, exist_ok=True)
     except OSError as e:
@@ -250,7 +253,8 @@ def _unloadable(path: str, recipe: Recipe) -> str | None:
     written (or re-hashed)."""
     try:
         model = _read(path, recipe, torch.device("cpu"), False).model
-    except Exception as e:  # noqa: BLE001 - whatever a damaged file raises, the entry is trained again
+    # whatever a damaged file raises, the entry is trained again
+    except Exception as e:  # noqa: BLE001
         return f"it does not load ({type(e).__name__}: {e})"
     bad = [k for k, t in model.state_dict().items() if t.is_floating_point()
            and not bool(torch.isfinite(t).all())]
@@ -306,7 +310,8 @@ def _train(recipe: Recipe, path: str, device: torch.device, platform: Platform,
         _write(recipe, path, model, hist, seconds, device, platform, resumed)
     distributed.barrier()
     if verbose:
-        how, ranks = "trained" if resumed is None else f"resumed from {os.path.basename(resumed)}", platform.processes
+        how = "trained" if resumed is None else f"resumed from {os.path.basename(resumed)}"
+        ranks = platform.processes
         print(f"{recipe.name} ({recipe.scale}): {how}, {recipe.train.steps} steps on {device.type}"
               f"{f' × {ranks} processes' if ranks > 1 else ''} in {seconds:.1f} s, final loss "
               f"{hist.loss[-1]:.3f}")

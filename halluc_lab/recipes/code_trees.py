@@ -7,7 +7,8 @@ and comments and layout are never in it. :func:`closure` follows a set of module
 ``halluc_lab`` import they make, at any depth of the file (an import inside a function counts), and
 :func:`fingerprint` hashes the trees of the modules it found::
 
-    fingerprint(closure({"halluc_lab.training.train"}))   # changes when the loop's code, or code it imports, does
+    # changes when the loop's code, or code it imports, does
+    fingerprint(closure({"halluc_lab.training.train"}))
 """
 
 from __future__ import annotations
@@ -91,7 +92,8 @@ def parse(module: str, source: str) -> tuple[str, frozenset[str]]:
     """(the syntax tree without docstrings, as :func:`tree_text`; the halluc_lab modules the code
     imports anywhere)."""
     tree = ast.parse(source)
-    package = module if importlib.util.find_spec(module).submodule_search_locations else module.rpartition(".")[0]
+    package = (module if importlib.util.find_spec(module).submodule_search_locations
+               else module.rpartition(".")[0])
     found = set()
     for node in _runtime_nodes(tree):
         if isinstance(node, ast.Import):

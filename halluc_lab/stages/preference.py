@@ -13,8 +13,9 @@ judge a learned reward model only approximates. That preference data — :func:`
 :mod:`halluc_lab.stages.preference_data` and re-exported here. Each method is a loss
 callable for :func:`halluc_lab.training.train.train` or one plain loop::
 
-    groups = sample_groups(sft, tok, task, examples, n_samples=8, seed=0)       # the policy's own answers
-    pairs = precompute_reference_logps(sft, build_pairs(groups, flip_rate=0.1, seed=0))  # π_ref, once
+    # the policy's own answers, then π_ref once
+    groups = sample_groups(sft, tok, task, examples, n_samples=8, seed=0)
+    pairs = precompute_reference_logps(sft, build_pairs(groups, flip_rate=0.1, seed=0))
     train(policy, batches(pairs.rows(), 32, seed=0), cfg, loss=DPOLoss(0.1, pairs.reference))
     rows = rsft_rows(groups, best_of_n(groups.rewards), seq_len=64)           # then SFT on them
 
@@ -128,7 +129,8 @@ class DPOLoss:
     label_smoothing: float = 0.0  # ε of conservative DPO: the assumed share of flipped labels
 
     def __post_init__(self):
-        if not isinstance(self.reference, torch.Tensor) or self.reference.dim() != 2 or self.reference.shape[1] != 2:
+        if (not isinstance(self.reference, torch.Tensor) or self.reference.dim() != 2
+                or self.reference.shape[1] != 2):
             raise ValueError("reference must be a (P, 2) tensor: pairs = "
                              "precompute_reference_logps(ref_model, pairs), "
                              "then DPOLoss(beta, pairs.reference); got "
@@ -189,7 +191,8 @@ def rsft_rows(groups: SampleGroups, picks: torch.Tensor, seq_len: int, *,
             prompt, completion = groups.prompts[p], groups.completions[p][i]
             seqs.append(Encoded((*prompt, *completion), (IGNORE,) * len(prompt) + completion))
     if not seqs:
-        raise ValueError(f"no pick has a reward >= min_reward={min_reward}: nothing to fine-tune on")
+        raise ValueError(f"no pick has a reward >= min_reward={min_reward}: "
+                         "nothing to fine-tune on")
     return pack(seqs, seq_len, groups.pad_id)
 
 

@@ -56,7 +56,7 @@ class RewardModel(nn.Module):
     position, ``(B, T)`` (a value model). Example::
 
         rm = RewardModel.from_lm(sft_model)
-        r = rm(ids, at=torch.tensor([[n - 1] for n in lengths]))[:, 0]   # (B,) one score per sequence
+        r = rm(ids, at=torch.tensor([[n - 1] for n in lengths]))[:, 0]  # (B,) a score per sequence
     """
 
     def __init__(self, config: ModelConfig, *, seed: int = 0) -> None:
@@ -212,7 +212,8 @@ class VerifierReward:
     def __post_init__(self):
         for name in ("lam", "bksp_cost"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value >= 0):
+            if (isinstance(value, bool) or not isinstance(value, (int, float))
+                    or not (math.isfinite(value) and value >= 0)):
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
 
     def __call__(self, prompts: list[list[int]], completions: list[list[int]], **kw) -> list[float]:

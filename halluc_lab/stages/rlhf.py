@@ -6,9 +6,9 @@ KL-regularised objective, "token-level log-probability regularisation"), §3 (th
 reward); Schulman et al. 2017 (PPO), 2016 (GAE); Ouyang et al. 2022 (InstructGPT's per-token KL
 penalty)::
 
-    hist = ppo(policy, sft, RewardModel.from_lm(sft), prompts, VerifierReward(task, tok), PPOConfig(),
-               pad_id=tok.pad_id, seed=0, stop_tokens=(tok.eos_id,))
-    rm = fit_reward_model(sft, tok, task, examples, RewardModelPlan(), seed=0)   # RLHF's proxy, then
+    hist = ppo(policy, sft, RewardModel.from_lm(sft), prompts, VerifierReward(task, tok),
+               PPOConfig(), pad_id=tok.pad_id, seed=0, stop_tokens=(tok.eos_id,))
+    rm = fit_reward_model(sft, tok, task, examples, RewardModelPlan(), seed=0)  # RLHF's proxy, then
     ppo(policy, sft, RewardModel.from_lm(sft), prompts, LearnedReward(rm, tok.pad_id), cfg, ...,
         gold=VerifierReward(task, tok))                                         # the verifier only
         watches
@@ -56,13 +56,15 @@ from halluc_lab.training.data import IGNORE, batches, prompt_rounds, rollout_bat
 from halluc_lab.device import deterministic
 from halluc_lab.generation.engine import generate
 from halluc_lab.evaluation.evaluate import answer_budget, model_device
-from halluc_lab.training.losses import check_positive, gae_advantages, kl_estimates, ppo_clipped_objective, token_logprobs
+from halluc_lab.training.losses import (check_positive, gae_advantages, kl_estimates,
+                                       ppo_clipped_objective, token_logprobs)
 from halluc_lab.stages.preference import preference_examples
 from halluc_lab.progress import progress
 from halluc_lab.training.recipe import Stage
 from halluc_lab.stages.preference_data import (AgreeableAnnotator, PreferencePairs, SampleGroups,
                                                build_pairs, check_rate, sample_groups)
-from halluc_lab.stages.reward_model import BradleyTerryLoss, LearnedReward, Reward, RewardModel, VerifierReward
+from halluc_lab.stages.reward_model import (BradleyTerryLoss, LearnedReward, Reward, RewardModel,
+                                            VerifierReward)
 from halluc_lab.training.step import Graphs, autocast, make_optimizer
 from halluc_lab.tasks.base import check_count, make_task, reward_values
 from halluc_lab.training.train import History, TrainConfig, train
@@ -134,7 +136,8 @@ class _Rounds:
 
     def __init__(self, policy, reference, value, cfg: PPOConfig, width: int, dtype,
                  cuda_graph: bool):
-        self.policy, self.reference, self.value, self.cfg, self.dtype = policy, reference, value, cfg, dtype
+        self.policy, self.reference, self.value = policy, reference, value
+        self.cfg, self.dtype = cfg, dtype
         self.device = model_device(policy)
         n = cfg.prompts_per_iteration * cfg.samples_per_prompt
         z = lambda *shape, dt=torch.long: torch.zeros(*shape, dtype=dt, device=self.device)
@@ -237,7 +240,8 @@ def ppo(policy: nn.Module, reference: nn.Module, value: RewardModel,
     cuda_graph = device.type == "cuda" if cuda_graph is None else bool(cuda_graph)
     if cuda_graph and device.type != "cuda":
         raise ValueError(f"cuda_graph=True needs the models on a CUDA device, they are on {device}")
-    order_g, sample_g = torch.Generator().manual_seed(seed), torch.Generator(device=device).manual_seed(seed)
+    order_g = torch.Generator().manual_seed(seed)
+    sample_g = torch.Generator(device=device).manual_seed(seed)
     # every rollout row, padded: graphs need one shape
     width = max(len(p) for p in prompts) + cfg.max_new_tokens
     rounds = _Rounds(policy, reference, value, cfg, width, autocast_dtype, cuda_graph)

@@ -5,8 +5,8 @@ Chapter 10. Sources: 001 Part 2 §3 (RLVR, Listing 3: nanochat's simplified GRPO
 bias, §7.3 detect–backtrack–correct); Shao et al. 2024 (GRPO), Liu et al. 2025 (Dr. GRPO), Yu
 et al. 2025 (DAPO), Kalai et al. 2025 (rewarding abstention)::
 
-    hist = rlvr(policy, reference, prompts, VerifierReward(task, tok, lam=3.0), RLVRConfig(), GRPO(),
-                tok=tok, seed=0)
+    hist = rlvr(policy, reference, prompts, VerifierReward(task, tok, lam=3.0), RLVRConfig(),
+                GRPO(), tok=tok, seed=0)
 
 A round: ``prompts_per_iteration`` prompts, each prefilled once and continued
 ``samples_per_prompt`` = G times at temperature 1 by the backspace controller
@@ -93,9 +93,8 @@ class RLVRConfig:
     def __post_init__(self):
         for name in ("iterations", "prompts_per_iteration", "max_new_tokens", "minibatches"):
             check_count(name, getattr(self, name), 1)
-        if isinstance(self.samples_per_prompt, bool) or not isinstance(self.samples_per_prompt,
-                                                                       int) \
-                or self.samples_per_prompt < 2:
+        if (isinstance(self.samples_per_prompt, bool)
+                or not isinstance(self.samples_per_prompt, int) or self.samples_per_prompt < 2):
             raise ValueError("samples_per_prompt must be an int >= 2 (a group baseline needs at "
                              "least 2 samples), "
                              f"got {self.samples_per_prompt!r}")
@@ -160,7 +159,8 @@ def rlvr(policy: nn.Module, reference: nn.Module, prompts: Sequence[Sequence[int
                          f"{ranks} processes a group: raise prompts_per_iteration or "
                          "lower minibatches")
     order_g = torch.Generator().manual_seed(seed)  # the same on every rank: prompts and minibatches
-    sample_g = torch.Generator(device=device).manual_seed(seed + _RANK_SEED_STRIDE * distributed.rank())
+    sample_g = torch.Generator(device=device).manual_seed(
+        seed + _RANK_SEED_STRIDE * distributed.rank())
     if cfg.captured_update and (device.type != "cuda" or ranks > 1):
         raise ValueError("captured_update replays a CUDA graph in one process: the policy is on "
                          f"{device} and "
@@ -215,7 +215,8 @@ def _eager_update(policy: nn.Module, trainable: nn.Module, reference: nn.Module,
     """:func:`rlvr`'s optimizer steps, eagerly, one per minibatch ``parts[k]`` (rollout indices into
     ``samples``, G per prompt of ``prompts``, the round's); ``trainable``: the policy as DDP wraps
     it. The sum of the k3 KL estimates over the round's tokens, over every rank, on the device."""
-    device, G, M, ranks = advantages.device, cfg.samples_per_prompt, cfg.max_new_tokens, distributed.world_size()
+    device, G, M = advantages.device, cfg.samples_per_prompt, cfg.max_new_tokens
+    ranks = distributed.world_size()
     repeated = [list(p) for p in prompts for _ in range(G)]
     rows = [round_rows([repeated[i] for i in part], [samples.logs[i] for i in part],
                        [samples.sampled[i] for i in part], M, bksp_id=tok.bksp_id,
@@ -304,7 +305,9 @@ def _record(hist: RLVRHistory, rewards: Tensor, samples: RoundSamples, tok: Toke
     for name, v in (("reward", rewards.mean().item()),
                     ("abstained", sum(tok.abstain_id in t for t in texts) / len(texts)),
                     ("length", emitted / len(texts)),
-                    ("bksp_rate", sum(log.count(tok.bksp_id) for log in samples.logs) / max(emitted, 1)), ("zero_groups", tied.float().mean().item())):
+                    ("bksp_rate",
+                     sum(log.count(tok.bksp_id) for log in samples.logs) / max(emitted, 1)),
+                    ("zero_groups", tied.float().mean().item())):
         getattr(hist, name).append(v)
 
 
@@ -338,7 +341,8 @@ class RLVR(Stage):
                             f"got {type(self.policy_loss).__name__}")
         for name in ("lam", "bksp_cost"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value >= 0):
+            if (isinstance(value, bool) or not isinstance(value, (int, float))
+                    or not (math.isfinite(value) and value >= 0)):
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
 
     def rows(self, recipe):

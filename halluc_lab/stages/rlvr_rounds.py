@@ -179,22 +179,23 @@ class CapturedUpdate:
         """``cfg``: the run's ``RLVRConfig``; ``loss``: one of ``rlvr.POLICY_LOSSES``;
         ``optimizer``: capturable; ``prompts``: the run's (kept on the device, where the rows are
         laid out)."""
-        self.policy, self.reference, self.optimizer, self.loss, self.cfg, self.dtype, self.pad_id = (
-            policy, reference, optimizer, loss, cfg, dtype, pad_id)
+        self.policy, self.reference, self.optimizer = policy, reference, optimizer
+        self.loss, self.cfg, self.dtype, self.pad_id = loss, cfg, dtype, pad_id
         self.device = model_device(policy)
         n_prompt = np.fromiter(map(len, prompts), dtype=np.int64, count=len(prompts))
         # (P, longest prompt)
         self.prompts = to_device(_padded(prompts, n_prompt, np.int64), self.device)
         self.n_prompt = to_device(torch.from_numpy(n_prompt), self.device)  # (P,)
-        n, M = cfg.prompts_per_iteration * cfg.samples_per_prompt // cfg.minibatches, cfg.max_new_tokens
+        n = cfg.prompts_per_iteration * cfg.samples_per_prompt // cfg.minibatches
+        M = cfg.max_new_tokens
         self.width = int(n_prompt.max()) + M
         z = lambda *shape, dt=torch.long: torch.zeros(*shape, dtype=dt,
                                                       device=self.device)  # noqa: E731
         self.buf = {"ids": z(n, self.width), "labels": z(n, self.width), "index": z(n, M),
                     "mask": z(n, M, dt=torch.bool), "adv": z(n, dt=torch.float32),
                     "ref": z(n, M, dt=torch.float32), "old": z(n, M, dt=torch.float32)}
-        self.banned = torch.tensor(list(banned), dtype=torch.long,
-                                   device=self.device) if banned else None
+        self.banned = (torch.tensor(list(banned), dtype=torch.long, device=self.device) if banned
+                       else None)
         self.graphs = Graphs()  # "score" and "update"
         # per minibatch: rollouts, rows, π_ref, π_old
         self._scored: list[tuple[Tensor, dict, Tensor, Tensor]] = []

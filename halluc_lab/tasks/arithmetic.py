@@ -118,7 +118,8 @@ class Arithmetic(Task):
         tells whether an answer follows from the reasoning written before it.
 
         >>> task = Arithmetic(ArithmeticConfig(max_digits=2, scratchpad=True))
-        >>> task.implied_answer("7 5 0 1 2 ; 1 2 1 0 4 ; : 4 3"), task.implied_answer("7 5 0 1 2 : 4 2")
+        >>> (task.implied_answer("7 5 0 1 2 ; 1 2 1 0 4 ; : 4 3"),
+        ...  task.implied_answer("7 5 0 1 2 : 4 2"))
         (['4', '2'], None)
         """
         if not self.config.scratchpad:

@@ -96,7 +96,8 @@ class InContext(Task):
             ex = self.example(rng.randint(1, 9), digits[:k], digits[k])
             if self.split(ex.prompt) == split:
                 return ex
-        raise ValueError(f"could not draw a {split} prompt with {shots} shots in {_MAX_TRIES} tries")
+        raise ValueError(f"could not draw a {split} prompt with {shots} shots "
+                         f"in {_MAX_TRIES} tries")
 
     def examples(self, split: str, n: int, seed: int, shots: int | None = None) -> list[Example]:
         """``n`` prompts of the split; ``shots`` fixes how many demonstrations each shows."""
@@ -121,7 +122,8 @@ class InContext(Task):
                 raise ValueError
             return shown, int(query[0])
         except ValueError:
-            raise ValueError(f"not an in-context prompt (expected 'x > y ; … ; q >'): {prompt!r}") from None
+            raise ValueError("not an in-context prompt (expected 'x > y ; … ; q >'): "
+                             f"{prompt!r}") from None
 
     def gold(self, prompt: str) -> str:
         shown, query = self._parse(prompt)

@@ -26,7 +26,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from halluc_lab.tasks.base import Example, check_count
-from halluc_lab.tasks.kb_walk import MAX_ENTITIES, MAX_RELATIONS, KBWalk, KBWalkConfig, invented_words
+from halluc_lab.tasks.kb_walk import (MAX_ENTITIES, MAX_RELATIONS, KBWalk, KBWalkConfig,
+                                      invented_words)
 
 
 @dataclass(frozen=True)
@@ -59,8 +60,10 @@ def _fresh(n: int, rng: random.Random, syllables: int, suffix: str,
 class KBGrowth(KBWalk):
     """The base kb_walk world with new entities, relations and facts added (module docstring).
 
-    >>> task = KBGrowth(KBGrowthConfig(KBWalkConfig(n_entities=6, n_relations=2), new_entities=2, new_relations=1))
-    >>> len(task.entities), len(task.relations), task.symbols()[:10] == KBWalk(task.growth.base).symbols()
+    >>> task = KBGrowth(KBGrowthConfig(KBWalkConfig(n_entities=6, n_relations=2), new_entities=2,
+    ...                                new_relations=1))
+    >>> (len(task.entities), len(task.relations),
+    ...  task.symbols()[:10] == KBWalk(task.growth.base).symbols())
     (8, 3, True)
     """
 
@@ -76,7 +79,8 @@ class KBGrowth(KBWalk):
         rng = random.Random(f"kb_walk-growth-{base.world_seed}-{config.growth_seed}")
         new_e = _fresh(config.new_entities, rng, 2, "", self.entities)
         new_r = _fresh(config.new_relations, rng, 1, "_of", self.relations)
-        self.entities, self.relations = self.old_entities + tuple(new_e), self.old_relations + tuple(new_r)
+        self.entities = self.old_entities + tuple(new_e)
+        self.relations = self.old_relations + tuple(new_r)
         self.new_names = tuple(new_e) + tuple(new_r)
         self.new_pairs: set[tuple[str, str]] = set()
         old_e = frozenset(self.old_entities)

@@ -327,7 +327,8 @@ class KBWalk(Task):
         dropped).
 
         >>> task = KBWalk(KBWalkConfig(n_entities=12, n_relations=2))
-        >>> hidden = [f"{e} {r} {x} ." for (e, r), x in task.facts.items() if task.evaluation_only(e, r)]
+        >>> hidden = [f"{e} {r} {x} ." for (e, r), x in task.facts.items()
+        ...           if task.evaluation_only(e, r)]
         >>> any(h in d for d in task.replay_documents(0) for h in hidden)
         False
         """

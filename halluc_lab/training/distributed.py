@@ -44,8 +44,8 @@ class Topology:
     def __post_init__(self):
         for name in ("rank", "local_rank", "world_size"):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v,
-                                                     int) or v < (1 if name == "world_size" else 0):
+            if (isinstance(v, bool) or not isinstance(v, int)
+                    or v < (1 if name == "world_size" else 0)):
                 raise ValueError(f"{name} must be an int >= "
                                  f"{1 if name == 'world_size' else 0}, got {v!r}")
         if self.rank >= self.world_size:

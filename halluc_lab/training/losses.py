@@ -94,7 +94,8 @@ def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, *, label_smoothin
         raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
     z, y = _shifted(logits, labels)
     if reduction == "mean" and not bool((y != IGNORE).any()):
-        raise ValueError("every label is IGNORE: the mean loss over zero target tokens is undefined")
+        raise ValueError("every label is IGNORE: "
+                         "the mean loss over zero target tokens is undefined")
     per_token = F.cross_entropy(z.flatten(0, 1), y.flatten(), ignore_index=IGNORE,
                                 # (B, T-1)
                                 label_smoothing=label_smoothing, reduction="none").view_as(y)
@@ -176,7 +177,8 @@ def check_positive(name: str, value: float, upper: float = math.inf) -> None:
 def _reduce(per_item: torch.Tensor, reduction: str) -> torch.Tensor:
     if reduction not in REDUCTIONS:
         raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
-    return per_item if reduction == "none" else per_item.sum() if reduction == "sum" else per_item.mean()
+    return (per_item if reduction == "none" else per_item.sum() if reduction == "sum"
+            else per_item.mean())
 
 
 def bradley_terry_loss(r_chosen: torch.Tensor, r_rejected: torch.Tensor, *,
@@ -215,7 +217,8 @@ def dpo_loss(policy_chosen_logps: torch.Tensor, policy_rejected_logps: torch.Ten
     under labels that are flipped with probability ε: −(1 − ε) log σ(z) − ε log σ(−z).
     Returns :class:`DPOTerms`: the loss and the implicit rewards β (log π − log π_ref) of each side.
 
-    >>> t = dpo_loss(torch.tensor([-1.0]), torch.tensor([-2.0]), torch.tensor([-1.0]), torch.tensor([-2.0]), 0.5)
+    >>> t = dpo_loss(torch.tensor([-1.0]), torch.tensor([-2.0]), torch.tensor([-1.0]),
+    ...              torch.tensor([-2.0]), 0.5)
     >>> round(float(t.loss), 4)      # the policy is still the reference: log 2
     0.6931
     """
@@ -223,8 +226,8 @@ def dpo_loss(policy_chosen_logps: torch.Tensor, policy_rejected_logps: torch.Ten
                       policy_rejected_logps=policy_rejected_logps,
                       ref_chosen_logps=ref_chosen_logps, ref_rejected_logps=ref_rejected_logps)
     check_positive("beta", beta)
-    if isinstance(label_smoothing, bool) or not isinstance(label_smoothing,
-                                                           Real) or not 0 <= label_smoothing < 0.5:
+    if (isinstance(label_smoothing, bool) or not isinstance(label_smoothing, Real)
+            or not 0 <= label_smoothing < 0.5):
         raise ValueError(f"label_smoothing must be in [0, 0.5), got {label_smoothing!r}")
     # implicit reward of y⁺ (its C(x) cancels, 001 Remark)
     chosen = beta * (policy_chosen_logps - ref_chosen_logps)
@@ -237,7 +240,8 @@ def dpo_loss(policy_chosen_logps: torch.Tensor, policy_rejected_logps: torch.Ten
 # -- policy gradients: PPO's surrogate, KL estimators, GAE (chapters 9–10) -------------------------
 def _check_mask(mask: torch.Tensor, like: torch.Tensor) -> None:
     if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.shape != like.shape:
-        got = f"{mask.dtype} {tuple(mask.shape)}" if isinstance(mask, torch.Tensor) else type(mask).__name__
+        got = (f"{mask.dtype} {tuple(mask.shape)}" if isinstance(mask, torch.Tensor)
+               else type(mask).__name__)
         raise ValueError(f"mask must be a bool tensor of shape {tuple(like.shape)}, got {got}")
 
 
@@ -309,7 +313,8 @@ def gae_advantages(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tens
     mask. λ = 1 gives the Monte-Carlo return minus the value (unbiased, high variance); λ = 0 the
     one-step δ_t.
 
-    >>> adv, ret = gae_advantages(torch.tensor([[0.0, 1.0]]), torch.zeros(1, 2), torch.tensor([[True, True]]))
+    >>> adv, ret = gae_advantages(torch.tensor([[0.0, 1.0]]), torch.zeros(1, 2),
+    ...                           torch.tensor([[True, True]]))
     >>> [round(a, 4) for a in adv[0].tolist()]     # A_1 = r_1 = 1, A_0 = γλ A_1
     [0.95, 1.0]
     """

@@ -109,7 +109,8 @@ def listing3_loss(logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tens
     ``loss.backward()``, so as printed it never changes the weights: the fix is the backward pass,
     which the caller does.
 
-    >>> listing3_loss(torch.tensor([[-1.0, -2.0, 9.0]]), torch.tensor([2.0]), torch.tensor([[True, True, False]]))
+    >>> listing3_loss(torch.tensor([[-1.0, -2.0, 9.0]]), torch.tensor([2.0]),
+    ...               torch.tensor([[True, True, False]]))
     tensor(3.)
     """
     advantages = _token_advantages(logp, advantages, mask)
@@ -128,7 +129,8 @@ def grpo_loss(logp: torch.Tensor, logp_old: torch.Tensor, advantages: torch.Tens
     sequence weighs the same whatever its length, so a token of a long one weighs less.
 
     >>> mask = torch.tensor([[True, False, False], [True, True, True]])    # lengths 1 and 3
-    >>> grpo_loss(torch.zeros(2, 3), torch.zeros(2, 3), torch.tensor([1.0, -1.0]), mask)   # (−1 + 1) / 2
+    >>> grpo_loss(torch.zeros(2, 3), torch.zeros(2, 3), torch.tensor([1.0, -1.0]),
+    ...           mask)  # (−1 + 1) / 2
     tensor(0.)
     """
     per_token = _pg_token_loss(logp, logp_old, advantages, mask, clip, None, kl, beta)
@@ -147,7 +149,8 @@ def dr_grpo_loss(logp: torch.Tensor, logp_old: torch.Tensor, advantages: torch.T
     a constant removes that length bias. Pair it with ``group_advantages(..., scale=False)``.
 
     >>> mask = torch.tensor([[True, False, False], [True, True, True]])
-    >>> dr_grpo_loss(torch.zeros(2, 3), torch.zeros(2, 3), torch.tensor([1.0, -1.0]), mask, max_tokens=4)  # (−1 + 3) / 8
+    >>> dr_grpo_loss(torch.zeros(2, 3), torch.zeros(2, 3), torch.tensor([1.0, -1.0]), mask,
+    ...              max_tokens=4)  # (−1 + 3) / 8
     tensor(0.2500)
     """
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, Integral) or max_tokens < 1:
@@ -167,7 +170,8 @@ def dapo_loss(logp: torch.Tensor, logp_old: torch.Tensor, advantages: torch.Tens
     collapse; token-level normalisation weighs every token the same, so long sequences count in
     proportion.
 
-    >>> dapo_loss(torch.tensor([[math.log(1.25)]]), torch.zeros(1, 1), torch.tensor([1.0]), torch.tensor([[True]]))
+    >>> dapo_loss(torch.tensor([[math.log(1.25)]]), torch.zeros(1, 1), torch.tensor([1.0]),
+    ...           torch.tensor([[True]]))
     tensor(-1.2500)
     """
     per_token = _pg_token_loss(logp, logp_old, advantages, mask, clip_low, clip_high, kl, beta)

@@ -82,7 +82,8 @@ def _sync_gradients(model: nn.Module, last: bool):
 
 
 def accumulate_gradients(model: nn.Module, batch: Batch, accum_steps: int, *,
-                         loss: Loss = NextTokenLoss(), autocast_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                         loss: Loss = NextTokenLoss(), autocast_dtype: torch.dtype | None = None
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
     """Backpropagate the batch's mean loss in ``accum_steps`` micro-batches; return (mean loss,
     count).
 
@@ -204,7 +205,8 @@ class EagerStep:
                  accum_steps: int, loss: Loss, autocast_dtype: torch.dtype | None):
         self.model, self.opt, self.loss = model, opt, loss
         self.params = [p for g in opt.param_groups for p in g["params"]]
-        self.grad_clip, self.accum_steps, self.autocast_dtype = grad_clip or math.inf, accum_steps, autocast_dtype
+        self.grad_clip = grad_clip or math.inf
+        self.accum_steps, self.autocast_dtype = accum_steps, autocast_dtype
 
     def body(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Gradients, clipping, update; returns (mean loss, gradient norm before clipping,
@@ -250,9 +252,8 @@ class CapturedStep(EagerStep):
                   self.static.segment_ids)
         for new, old in zip(fields, static):
             if (new is None) != (old is None) or (new is not None and new.shape != old.shape):
-                raise ValueError("a captured training step needs every batch in the shape "
-                                 "of the first "
-                                 f"({tuple(old.shape) if old is not None else None}, got "
+                raise ValueError("a captured training step needs every batch in the shape of the "
+                                 f"first ({tuple(old.shape) if old is not None else None}, got "
                                  f"{tuple(new.shape) if new is not None else None}); train with "
                                  "cuda_graph=False")
             if new is not None:

@@ -80,15 +80,16 @@ class TrainConfig:
                 raise ValueError(f"{name} must be an int >= {low}, got {v!r}")
             object.__setattr__(self, name, int(v))  # a numpy integer: the int a cache key holds
         if self.warmup_steps >= self.steps:
-            raise ValueError(f"warmup_steps must be < steps ({self.steps}), got {self.warmup_steps}")
+            raise ValueError(f"warmup_steps must be < steps ({self.steps}), "
+                             f"got {self.warmup_steps}")
         for name, low, what in (("lr", 0, "a finite number > 0"), ("eps", 0, "a finite number > 0"),
                                 ("weight_decay", None, "a finite number >= 0"),
                                 ("grad_clip", 0, "a finite number > 0 or None")):
             v = getattr(self, name)
             if v is None and name == "grad_clip":
                 continue
-            if isinstance(v, bool) or not isinstance(v, Real) or not (
-                    math.isfinite(v) and (v >= 0 if low is None else v > low)):
+            if (isinstance(v, bool) or not isinstance(v, Real)
+                    or not ( math.isfinite(v) and (v >= 0 if low is None else v > low))):
                 raise ValueError(f"{name} must be {what}, got {v!r}")
             object.__setattr__(self, name, _plain(v))
         betas = self.betas
@@ -115,7 +116,8 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
     # W = 0: no warmup, the cosine starts at t = 0
     if step <= cfg.warmup_steps and cfg.warmup_steps > 0:
         return cfg.lr * step / cfg.warmup_steps
-    return cfg.lr * 0.5 * (1.0 + math.cos(math.pi * (step - cfg.warmup_steps) / (cfg.steps - cfg.warmup_steps)))
+    angle = math.pi * (step - cfg.warmup_steps) / (cfg.steps - cfg.warmup_steps)
+    return cfg.lr * 0.5 * (1.0 + math.cos(angle))
 
 
 @torch.no_grad()
@@ -381,5 +383,6 @@ def load_checkpoint(path: str | os.PathLike, model: nn.Module, opt: torch.optim.
         if opt is not None:
             opt.load_state_dict(state["optimizer"])
     except Exception as e:
-        raise CheckpointError(f"{path}: cannot load into this model ({type(e).__name__}: {e})") from e
+        raise CheckpointError(f"{path}: cannot load into this model "
+                              f"({type(e).__name__}: {e})") from e
     return int(state["step"]), History.from_dict(state["history"])
