@@ -20,7 +20,7 @@ from typing import TypeVar
 
 import torch
 
-from halluc_lab.model.transformer import ModelConfig
+from halluc_lab.model.config import ModelConfig
 
 T = TypeVar("T")
 

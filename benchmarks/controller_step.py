@@ -5,7 +5,7 @@ random weights: the timing does not depend on training), bf16 autocast, determin
 book runs). For each number of positions per row (the engine's cache) and batch, the same prompts (kb_walk
 prompts of 10–11 tokens, repeated to fill the batch) are started with:
 
-- *greedy*: :class:`halluc_lab.generation.engine.Engine`, argmax;
+- *greedy*: :class:`halluc_lab.generation.engine_core.Engine`, argmax;
 - *sampled*: the same engine, τ = 1;
 - *keep* and *erase*: :class:`halluc_lab.generation.backtrack.BacktrackEngine` at τ = 1, a sampled ``<bksp>`` taking back
   the row's last token inside the step, with the token left in the context or the KV cache rolled back.
@@ -28,7 +28,8 @@ from common import environment, write_json
 from halluc_lab import recipes
 from halluc_lab.generation.backtrack import BacktrackEngine
 from halluc_lab.device import deterministic
-from halluc_lab.generation.engine import Engine, SamplingParams
+from halluc_lab.generation.engine_core import Engine
+from halluc_lab.generation.sampling import SamplingParams
 from halluc_lab.model.transformer import Transformer
 from halluc_lab.stages.preference import preference_examples
 from halluc_lab.tasks import make_task

@@ -23,7 +23,8 @@ import sys
 import torch
 
 from common import attempt, best_time, environment, model_config, parser, print_table, ratio, setup, write_json
-from halluc_lab.generation.engine import Engine, SamplingParams, engine_for, generate
+from halluc_lab.generation.engine import SamplingParams, engine_for, generate
+from halluc_lab.generation.engine_core import Engine
 from halluc_lab.model.hf_convert import to_hf
 from halluc_lab.model.transformer import Transformer
 

@@ -27,8 +27,10 @@ from common import best_time, environment
 
 from halluc_lab.model import kv_cache
 from halluc_lab.device import set_deterministic
-from halluc_lab.generation.engine import Engine, SamplingParams
-from halluc_lab.model.transformer import ModelConfig, Transformer
+from halluc_lab.generation.engine_core import Engine
+from halluc_lab.generation.sampling import SamplingParams
+from halluc_lab.model.config import ModelConfig
+from halluc_lab.model.transformer import Transformer
 
 CONTEXTS = (16, 1024, 8192)
 CONFIG = ModelConfig(vocab_size=512, hidden_size=2048, n_layers=16, n_heads=16, n_kv_heads=4, tie_embeddings=False,

@@ -42,10 +42,12 @@ from halluc_lab import recipes  # noqa: E402
 from halluc_lab.training import distributed
 from halluc_lab.training.data import Batch  # noqa: E402
 from halluc_lab.evaluation.evaluate import answer_budget  # noqa: E402
-from halluc_lab.model.transformer import ModelConfig, Transformer  # noqa: E402
+from halluc_lab.model.config import ModelConfig  # noqa: E402
+from halluc_lab.model.transformer import Transformer  # noqa: E402
 from halluc_lab.stages.preference import preference_examples  # noqa: E402
 from halluc_lab.stages.reward_model import VerifierReward  # noqa: E402
-from halluc_lab.stages.rlvr import GRPO, rlvr  # noqa: E402
+from halluc_lab.stages.rlvr import rlvr  # noqa: E402
+from halluc_lab.training.rlvr_losses import GRPO  # noqa: E402
 from halluc_lab.tasks import make_task  # noqa: E402
 from halluc_lab.training.train import TrainConfig, train  # noqa: E402
 

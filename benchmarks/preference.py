@@ -13,7 +13,7 @@ tokenises the text). Batch, β and learning rate are the ``kb_walk-dpo`` recipe'
 - *lab*: :class:`halluc_lab.training.step.CapturedStep` on CUDA (:class:`~halluc_lab.training.step.EagerStep` on the
   CPU), as :func:`halluc_lab.training.train.train` runs it — deterministic kernels, fused capturable AdamW,
   clipping 1.0 — with :class:`halluc_lab.stages.preference.DPOLoss` on pair rows
-  (:func:`~halluc_lab.stages.reward_model.pair_rows`) drawn by :func:`halluc_lab.training.data.batches`; reference
+  (:func:`~halluc_lab.stages.preference_data.pair_rows`) drawn by :func:`halluc_lab.training.data.batches`; reference
   log-probs from :func:`~halluc_lab.stages.preference.precompute_reference_logps`, once, before timing.
 - *TRL*: ``DPOTrainer`` with ``loss_type=["sigmoid"]``, ``precompute_ref_log_probs=True`` (the
   reference also runs once, at init, untimed), the same AdamW (β₂ 0.95, no weight decay, clipping

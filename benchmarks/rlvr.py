@@ -18,8 +18,8 @@ both sides; the lab adds 1e-6, TRL 1e-4); then ONE optimizer step on the whole b
 averaged over each completion's own tokens and then over the completions (Shao et al. 2024), β = 0 (no KL
 term: the RLVR recipes' setting and TRL's default).
 
-- *lab*: :func:`halluc_lab.stages.rlvr.rlvr` with :class:`~halluc_lab.stages.rlvr.GRPO` (which normalises per sequence
-  that way: :func:`halluc_lab.training.losses.grpo_loss`), ``context="keep"``, ``allow_bksp=True``, deterministic
+- *lab*: :func:`halluc_lab.stages.rlvr.rlvr` with :class:`~halluc_lab.training.rlvr_losses.GRPO` (which normalises per sequence
+  that way: :func:`halluc_lab.training.rlvr_losses.grpo_loss`), ``context="keep"``, ``allow_bksp=True``, deterministic
   kernels and ``autocast_dtype``, as the recipe stage runs it. Rollouts come from the backspace controller
   (:func:`halluc_lab.generation.backtrack.rollout`: one prefill per prompt copied to its G rows, a sampled ``<bksp>``
   taking back the last token inside the decode step, a CUDA graph of that step on CUDA, and of the prefill
@@ -106,7 +106,8 @@ from halluc_lab.model.hf_convert import save_pretrained
 from halluc_lab.model.transformer import Transformer
 from halluc_lab.stages.preference import preference_examples
 from halluc_lab.stages.reward_model import VerifierReward
-from halluc_lab.stages.rlvr import GRPO, RLVRConfig, rlvr
+from halluc_lab.stages.rlvr import RLVRConfig, rlvr
+from halluc_lab.training.rlvr_losses import GRPO
 from halluc_lab.tasks import make_task
 from preference import TASK, Clock, print_markdown, quiet_train, trl_common
 

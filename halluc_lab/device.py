@@ -15,8 +15,8 @@ evaluation numbers, on the GPU too. :func:`deterministic` turns on PyTorch's det
 algorithms (which also makes ``torch.compile`` skip benchmark-driven kernel choices), turns off
 cuDNN's benchmark mode, and cuBLAS gets a fixed workspace (``CUBLAS_WORKSPACE_CONFIG``, read
 when its first handle is made, hence set when this module is imported). :func:`setup` turns it on
-for a whole notebook and :func:`halluc_lab.training.train.train` for every training run. What it costs in
-speed is measured in ``benchmarks/train_step.py`` and recorded on the results page.
+for a whole notebook and :func:`halluc_lab.training.train.train` for every training run. What it
+costs in speed is measured in ``benchmarks/train_step.py`` and recorded on the results page.
 """
 
 from __future__ import annotations
@@ -37,9 +37,10 @@ ENV_THREADS = "HALLUC_THREADS"  # CPU threads for torch (default 1, see setup)
 SCALES = ("auto", "smoke", "full")
 DEVICES = ("auto", "cpu", "cuda", "mps")
 
-# cuBLAS chooses how to split a GEMM's reduction by the workspace it has; a fixed workspace makes the
-# split, and so the bits, the same every run (CUDA docs, "Results reproducibility"). Read once, when
-# the first cuBLAS handle is created: it must be in the environment before any GPU matrix product.
+# cuBLAS chooses how to split a GEMM's reduction by the workspace it has; a fixed workspace makes
+# the split, and so the bits, the same every run (CUDA docs, "Results reproducibility"). Read once,
+# when the first cuBLAS handle is created: it must be in the environment before any GPU matrix
+# product.
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
 
@@ -125,9 +126,11 @@ def seed_everything(seed: int) -> None:
 
 @contextlib.contextmanager
 def deterministic(enabled: bool = True) -> Iterator[None]:
-    """Run the body with deterministic kernels (or without them), restoring the previous setting after."""
-    before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
-              torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic)
+    """Run the body with deterministic kernels (or without them), restoring the previous setting
+    after."""
+    before = (torch.are_deterministic_algorithms_enabled(),
+              torch.is_deterministic_algorithms_warn_only_enabled(), torch.backends.cudnn.benchmark,
+              torch.backends.cudnn.deterministic)
     set_deterministic(enabled)
     try:
         yield
@@ -138,13 +141,15 @@ def deterministic(enabled: bool = True) -> Iterator[None]:
 
 @contextlib.contextmanager
 def distinct_indices() -> Iterator[None]:
-    """Deterministic kernels off for the body: for a ``scatter_`` or ``index_put_`` whose indices never repeat.
+    """Deterministic kernels off for the body: for a ``scatter_`` or ``index_put_`` whose indices
+    never repeat.
 
-    With deterministic algorithms on, PyTorch sorts the indices of every ``scatter_``, ``index_put_`` and
-    ``index_copy_`` on CUDA, so that two writes to one element always land in the same order. Writes to
-    distinct elements have no order to fix: the plain kernel gives the same bits, without the sort (a radix
-    sort and about twenty kernels per call). The engine's writes are such: one slot per row, into the KV cache
-    and into each row's record. The caller vouches for the indices; nothing here checks them.
+    With deterministic algorithms on, PyTorch sorts the indices of every ``scatter_``,
+    ``index_put_`` and ``index_copy_`` on CUDA, so that two writes to one element always land in the
+    same order. Writes to distinct elements have no order to fix: the plain kernel gives the same
+    bits, without the sort (a radix sort and about twenty kernels per call). The engine's writes are
+    such: one slot per row, into the KV cache and into each row's record. The caller vouches for the
+    indices; nothing here checks them.
 
     >>> with deterministic():
     ...     with distinct_indices():  # row 0 writes column 2, row 1 column 0
@@ -154,10 +159,12 @@ def distinct_indices() -> Iterator[None]:
     False [[0.0, 0.0, 1.0], [1.0, 0.0, 0.0]]
     True
     """
-    if torch.compiler.is_compiling():  # traced: compile_for_capture runs the whole call with the mode off already
+    # traced: compile_for_capture runs the whole call with the mode off already
+    if torch.compiler.is_compiling():
         yield  # (and asking for the mode here would break the traced graph in two)
         return
-    before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    before = (torch.are_deterministic_algorithms_enabled(),
+              torch.is_deterministic_algorithms_warn_only_enabled())
     torch.use_deterministic_algorithms(False)
     try:
         yield
@@ -165,22 +172,25 @@ def distinct_indices() -> Iterator[None]:
         torch.use_deterministic_algorithms(before[0], warn_only=before[1])
 
 
-FUSED_RECOMPILE_LIMIT = 64  # compilations of one function before dynamo gives up on it (its default: 8)
+# compilations of one function before dynamo gives up on it (its default: 8)
+FUSED_RECOMPILE_LIMIT = 64
 
 
 def compile_for_capture(fn: Callable) -> Callable:
-    """``fn`` compiled by ``torch.compile`` (fused Triton kernels), to be warmed up and then captured in a CUDA
-    graph, as the engine's fused step is. The first calls compile; they must come before the capture.
+    """``fn`` compiled by ``torch.compile`` (fused Triton kernels), to be warmed up and then
+    captured in a CUDA graph, as the engine's fused step is. The first calls compile; they must come
+    before the capture.
 
-    The compiler guards a compiled function on the object it is bound to, so every engine and sampling setting
-    compiles once: the limit is raised so that it does not fall back to the uncompiled function after eight.
-    Inductor's hint to use TF32 for float32 matmuls is silenced, not followed (it would change the numbers).
+    The compiler guards a compiled function on the object it is bound to, so every engine and
+    sampling setting compiles once: the limit is raised so that it does not fall back to the
+    uncompiled function after eight. Inductor's hint to use TF32 for float32 matmuls is silenced,
+    not followed (it would change the numbers).
 
-    The compiled calls run with deterministic algorithms off, as :func:`distinct_indices`' body does: with them
-    on, Inductor hands every ``index_put_`` and ``scatter_`` back to ATen's sorting kernel. So ``fn``'s indexed
-    writes must each go to distinct elements, and it must not accumulate into a tensor by index (``index_add_``,
-    ``scatter_add_``). The engine's step is such a function: one slot per row in the KV cache and in each
-    row's record.
+    The compiled calls run with deterministic algorithms off, as :func:`distinct_indices`' body
+    does: with them on, Inductor hands every ``index_put_`` and ``scatter_`` back to ATen's sorting
+    kernel. So ``fn``'s indexed writes must each go to distinct elements, and it must not accumulate
+    into a tensor by index (``index_add_``, ``scatter_add_``). The engine's step is such a function:
+    one slot per row in the KV cache and in each row's record.
     """
     config = torch._dynamo.config
     config.recompile_limit = max(config.recompile_limit, FUSED_RECOMPILE_LIMIT)
@@ -194,14 +204,15 @@ def compile_for_capture(fn: Callable) -> Callable:
 
 
 def to_device(data, device: torch.device | str, dtype: torch.dtype | None = None) -> Tensor:
-    """``data`` (a host tensor, or what ``torch.tensor`` takes) as a tensor on ``device``, queued without
-    waiting for the device.
+    """``data`` (a host tensor, or what ``torch.tensor`` takes) as a tensor on ``device``, queued
+    without waiting for the device.
 
-    A plain ``.to("cuda")`` or ``copy_`` from ordinary host memory makes the host wait until the device has
-    run everything queued before the copy (PyTorch synchronises the stream after it), so a loop that uploads
-    a few numbers between kernels leaves the device idle while the host catches up. Here the data goes
-    through page-locked memory and the copy is queued like a kernel (``non_blocking``); the host moves on.
-    A host tensor that is page-locked already is read when the copy runs: do not change it afterwards.
+    A plain ``.to("cuda")`` or ``copy_`` from ordinary host memory makes the host wait until the
+    device has run everything queued before the copy (PyTorch synchronises the stream after it), so
+    a loop that uploads a few numbers between kernels leaves the device idle while the host catches
+    up. Here the data goes through page-locked memory and the copy is queued like a kernel
+    (``non_blocking``); the host moves on. A host tensor that is page-locked already is read when
+    the copy runs: do not change it afterwards.
     """
     host = data if isinstance(data, Tensor) else torch.tensor(data, dtype=dtype)
     if dtype is not None:
@@ -212,8 +223,8 @@ def to_device(data, device: torch.device | str, dtype: torch.dtype | None = None
 
 
 def host_copies(tensors: Sequence[Tensor]) -> Callable[[], list[Tensor]]:
-    """Start copying ``tensors`` to the host; the function returned waits for these copies alone (the device
-    work queued after them runs on) and returns the host tensors.
+    """Start copying ``tensors`` to the host; the function returned waits for these copies alone
+    (the device work queued after them runs on) and returns the host tensors.
 
     So the host can read a result while the device already works on the next step::
 
@@ -224,7 +235,8 @@ def host_copies(tensors: Sequence[Tensor]) -> Callable[[], list[Tensor]]:
     tensors = list(tensors)
     if not any(t.is_cuda for t in tensors):
         return lambda: [t.cpu() for t in tensors]
-    copies = [t.to("cpu", non_blocking=True) for t in tensors]  # into page-locked memory, in stream order
+    # into page-locked memory, in stream order
+    copies = [t.to("cpu", non_blocking=True) for t in tensors]
     done = torch.cuda.Event()
     done.record()
 
@@ -239,12 +251,13 @@ def set_deterministic(enabled: bool = True) -> None:
     torch.use_deterministic_algorithms(enabled)
     torch.backends.cudnn.benchmark = not enabled
     torch.backends.cudnn.deterministic = enabled
-    # Deterministic mode also fills every new uninitialised tensor with NaN, so that reading one shows.
-    # The lab never reads memory it has not written, and the fill is a kernel per allocation.
+    # Deterministic mode also fills every new uninitialised tensor with NaN, so that reading one
+    # shows. The lab never reads memory it has not written, and the fill is a kernel per allocation.
     torch.utils.deterministic.fill_uninitialized_memory = False
 
 
-def setup(scale: str = "auto", device: str = "auto", seed: int = 0, verbose: bool = True) -> Runtime:
+def setup(scale: str = "auto", device: str = "auto", seed: int = 0,
+          verbose: bool = True) -> Runtime:
     """Resolve a notebook's parameters into a :class:`Runtime`, seed everything, turn on
     deterministic kernels, print why.
 

@@ -132,8 +132,10 @@ class ClaimTable:
         return "\n".join(lines)
 
     def _repr_html_(self) -> str:
-        head = "".join(f"<th>{h}</th>" for h in ("quantity", "document", "computed", "agrees", "note"))
-        mark = {"✓": '<td style="color:#1a7f37">✓</td>', "✗": '<td style="color:#cf222e;font-weight:bold">✗</td>'}
+        head = "".join(f"<th>{h}</th>"
+                       for h in ("quantity", "document", "computed", "agrees", "note"))
+        mark = {"✓": '<td style="color:#1a7f37">✓</td>',
+                "✗": '<td style="color:#cf222e;font-weight:bold">✗</td>'}
         body = "".join(
             f'<tr class="{"claim-ok" if ok == "✓" else "claim-bad"}">'
             + "".join(f"<td>{_cell(cell)}</td>" for cell in (q, s, c)) + mark[ok]

@@ -115,7 +115,8 @@ def _numbers(name: str, values, shape_prefix: tuple[int, ...], tail: int | None,
              allow_nan: bool = False) -> np.ndarray:
     """Validate an array of shape (*grid, ...) and round it for a compact payload."""
     arr = np.asarray(values, dtype=float)
-    if arr.shape[:len(shape_prefix)] != shape_prefix or (tail is not None and arr.ndim != len(shape_prefix) + tail):
+    if arr.shape[:len(shape_prefix)] != shape_prefix or (tail is not None
+                                                         and arr.ndim != len(shape_prefix) + tail):
         raise ValueError(f"{name} must have shape (*grid, ...) with grid {shape_prefix} and {tail} "
                          f"trailing axes, got {arr.shape}")
     if not allow_nan and not np.isfinite(arr).all():
@@ -148,14 +149,16 @@ def _captions(captions, grid: tuple[int, ...]) -> list[str] | None:
 
 def _data(kind: str, controls, frames: list, captions, title: str, **static) -> dict:
     return {"kind": kind, "title": title, "shape": list(_grid(controls)),
-            "controls": [{"name": c.name, "labels": c.labels(), "initial": c.initial} for c in controls],
+            "controls": [{"name": c.name, "labels": c.labels(), "initial": c.initial}
+                         for c in controls],
             "frames": frames, "captions": captions, "static": static}
 
 
 def bar_explorer(controls: Sequence[Control], labels: Sequence[str], heights, highlight=None,
                  captions=None, title: str = "", xlabel: str = "", ylabel: str = "",
                  ymax: float | None = None) -> Explorer:
-    """Bars per frame; ``heights`` (*grid, n_bars), optional bool ``highlight`` of the same shape."""
+    """Bars per frame; ``heights`` (*grid, n_bars), optional bool ``highlight`` of the same
+    shape."""
     grid = _grid(controls)
     h = _numbers("heights", heights, grid, 1)
     if h.shape[-1] != len(labels):
@@ -201,7 +204,8 @@ def line_explorer(controls: Sequence[Control], x, ys, series_labels: Sequence[st
     xs = _numbers("x", x, (), 1)
     y = _numbers("ys", ys, grid, 2)
     if y.shape[-2:] != (len(series_labels), len(xs)):
-        raise ValueError(f"ys must end in (n_series={len(series_labels)}, N={len(xs)}), got {y.shape[-2:]}")
+        raise ValueError(f"ys must end in (n_series={len(series_labels)}, N={len(xs)}), got "
+                         f"{y.shape[-2:]}")
     lo, hi = ylim if ylim is not None else (float(y.min()), float(y.max()))
     return Explorer(_data("lines", controls, _frames(y, grid), _captions(captions, grid), title,
                           x=_rounded(xs), series=[str(s) for s in series_labels], xlabel=xlabel,
@@ -219,7 +223,8 @@ def _png(image) -> str:
         plt.close(image)
         data = buf.getvalue()
     else:
-        raise TypeError(f"images must be matplotlib Figures or PNG bytes, got {type(image).__name__}")
+        raise TypeError("images must be matplotlib Figures or PNG bytes, got "
+                        f"{type(image).__name__}")
     if not data.startswith(b"\x89PNG"):
         raise ValueError("image bytes are not a PNG")
     return "data:image/png;base64," + base64.b64encode(data).decode()
@@ -233,4 +238,5 @@ def image_explorer(controls: Sequence[Control], images, captions=None, title: st
         if any(not isinstance(level, (list, tuple)) or len(level) != size for level in flat):
             raise ValueError(f"images must be nested lists of shape {grid}")
         flat = [item for level in flat for item in level]
-    return Explorer(_data("images", controls, [_png(img) for img in flat], _captions(captions, grid), title))
+    return Explorer(_data("images", controls, [_png(img) for img in flat],
+                          _captions(captions, grid), title))

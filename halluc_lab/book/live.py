@@ -1,18 +1,21 @@
 """Live widgets for JupyterLab: a trained model's sampler, with the knobs of chapter 3.
 
-The rendered book is static, so its explorers are precomputed grids (:mod:`halluc_lab.book.interactive`). A reader
-who opens a chapter in JupyterLab has a kernel, and can ask a trained model anything: type a prompt, move the
-temperature, top-k and top-p, and see the next-token distribution that :func:`halluc_lab.generation.sampling.sample` would
-draw from, and a continuation sampled under the same knobs by the engine.
+The rendered book is static, so its explorers are precomputed grids
+(:mod:`halluc_lab.book.interactive`). A reader who opens a chapter in JupyterLab has a kernel, and
+can ask a trained model anything: type a prompt, move the temperature, top-k and top-p, and see the
+next-token distribution that :func:`halluc_lab.generation.sampling.sample` would draw from, and a
+continuation sampled under the same knobs by the engine.
 
 :class:`LiveSampler` holds the computation (testable without a browser); :func:`live_sampler` puts
-``ipywidgets`` controls on it. The widgets need a kernel: a chapter shows them only when it is run live, not in
-a recorded run (:func:`halluc_lab.progress.in_batch`), whose widget state the static book could not use.
+``ipywidgets`` controls on it. The widgets need a kernel: a chapter shows them only when it is run
+live, not in a recorded run (:func:`halluc_lab.progress.in_batch`), whose widget state the static
+book could not use.
 
 Example (in JupyterLab)::
 
     trained = recipes.load("kb_walk-pretrain", rt)
-    live_sampler(trained.model, trained.tokenizer, [f"{a} {r}" for a, r in sorted(trained.task.facts)[:12]])
+    live_sampler(trained.model, trained.tokenizer,
+                 [f"{a} {r}" for a, r in sorted(trained.task.facts)[:12]])
 """
 
 from __future__ import annotations
@@ -31,7 +34,8 @@ from halluc_lab.model.tokenizer import Tokenizer
 
 @dataclass
 class LiveSampler:
-    """A model's next-token distribution after a prompt under temperature, top-k and top-p, and samples."""
+    """A model's next-token distribution after a prompt under temperature, top-k and top-p, and
+    samples."""
 
     model: nn.Module  # the lab's decoder, in eval mode
     tokenizer: Tokenizer  # its vocabulary
@@ -62,7 +66,8 @@ class LiveSampler:
     def distribution(self, prompt: str, params: sampling.SamplingParams) -> list[tuple[str, float]]:
         """The ``shown`` likeliest next tokens, and their probabilities under ``params``."""
         device = next(self.model.parameters()).device
-        logits = self.model(torch.tensor([self._ids(prompt)], device=device))[0, -1].float().cpu()  # (V,)
+        # (V,)
+        logits = self.model(torch.tensor([self._ids(prompt)], device=device))[0, -1].float().cpu()
         probs = sampling.softmax(sampling.filter_logits(logits, params.temperature, params.top_k,
                                                         params.top_p))  # (V,)
         raw = sampling.softmax(logits, params.temperature)  # (V,) the order before filtering
@@ -81,23 +86,30 @@ class LiveSampler:
 def distribution_html(rows: Sequence[tuple[str, float]]) -> str:
     """The distribution as a small table of bars (HTML, no script)."""
     cells = "".join(
-        f"<tr><td><code>{html.escape(t)}</code></td><td style='width:16em'><div style='background:#4c72b0;"
+        f"<tr><td><code>{html.escape(t)}</code></td><td style='width:16em'><div "
+        "style='background:#4c72b0;"
         f"height:0.9em;width:{100 * p:.1f}%'></div></td><td>{p:.3f}</td></tr>" for t, p in rows)
     return f"<table class='halluc-live-distribution'>{cells}</table>"
 
 
-def live_sampler(model: nn.Module, tokenizer: Tokenizer, prompts: Sequence[str], *, max_new_tokens: int = 16):
-    """Widgets on a :class:`LiveSampler`: a prompt (one of ``prompts``, or typed), temperature, top-k and top-p
-    sliders, the distribution (redrawn on every change) and a button that samples a continuation."""
+def live_sampler(model: nn.Module, tokenizer: Tokenizer, prompts: Sequence[str], *,
+                 max_new_tokens: int = 16):
+    """Widgets on a :class:`LiveSampler`: a prompt (one of ``prompts``, or typed), temperature,
+    top-k and top-p sliders, the distribution (redrawn on every change) and a button that samples a
+    continuation."""
     import ipywidgets as widgets
 
     if not prompts:
         raise ValueError("prompts must hold at least one prompt")
     live = LiveSampler(model.eval(), tokenizer, max_new_tokens=max_new_tokens)
-    prompt = widgets.Combobox(value=prompts[0], options=list(prompts), description="prompt", ensure_option=False)
-    temperature = widgets.FloatSlider(value=1.0, min=0.1, max=3.0, step=0.1, description="temperature")
-    top_k = widgets.IntSlider(value=0, min=0, max=min(50, tokenizer.vocab_size), description="top-k (0: off)")
-    top_p = widgets.FloatSlider(value=1.0, min=0.05, max=1.0, step=0.05, description="top-p (1: off)")
+    prompt = widgets.Combobox(value=prompts[0], options=list(prompts), description="prompt",
+                              ensure_option=False)
+    temperature = widgets.FloatSlider(value=1.0, min=0.1, max=3.0, step=0.1,
+                                      description="temperature")
+    top_k = widgets.IntSlider(value=0, min=0, max=min(50, tokenizer.vocab_size),
+                              description="top-k (0: off)")
+    top_p = widgets.FloatSlider(value=1.0, min=0.05, max=1.0, step=0.05,
+                                description="top-p (1: off)")
     button = widgets.Button(description="sample a continuation")
     shown, sampled = widgets.HTML(), widgets.HTML()
     draws = {"n": 0}  # each click draws anew; the same clicks give the same draws
@@ -116,8 +128,8 @@ def live_sampler(model: nn.Module, tokenizer: Tokenizer, prompts: Sequence[str],
         draws["n"] += 1
         try:
             text = live.continuation(*knobs(), seed=draws["n"])
-            sampled.value = (f"<p class='halluc-live-sample'><code>{html.escape(prompt.value)}</code> → "
-                             f"<code>{html.escape(text)}</code></p>")
+            sampled.value = (f"<p class='halluc-live-sample'><code>{html.escape(prompt.value)}"
+                             f"</code> → <code>{html.escape(text)}</code></p>")
         except ValueError as err:
             sampled.value = f"<p><b>{html.escape(str(err))}</b></p>"
 

@@ -1,4 +1,5 @@
-"""Notebook plumbing shared by every chapter: the run footer and glued values (ARCHITECTURE.md §3, §6).
+"""Notebook plumbing shared by every chapter: the run footer and glued values (ARCHITECTURE.md §3,
+§6).
 
 The last cell of every chapter calls :func:`footer`. It shows the run's device,
 scale, seed, library version and date, and glues them (``run_device``, ...) so
@@ -51,7 +52,8 @@ def footer(rt: Runtime):
     from IPython.display import Markdown
     from myst_nb import glue
 
-    from halluc_lab.recipes.cache import FORMAT_VERSION, used, used_code
+    from halluc_lab.recipes.cache import used, used_code
+    from halluc_lab.recipes.cache_key import FORMAT_VERSION
 
     meta = run_metadata(rt)
     for key, value in meta.items():
@@ -59,11 +61,13 @@ def footer(rt: Runtime):
     recipes = used()
     glue("run_recipes", ", ".join(f"{name}:{k}" for name, k in recipes), display=False)
     glue("run_code", {"format": FORMAT_VERSION, "modules": used_code()}, display=False)
-    text = (f"<small>Run on **{meta['device']}** at scale **{meta['scale']}**, seed {meta['seed']}, "
+    text = (f"<small>Run on **{meta['device']}** at scale **{meta['scale']}**, seed "
+            f"{meta['seed']}, "
             f"halluc_lab {meta['version']}, torch {meta['torch']}, {meta['date']}.</small>")
     if recipes:
         items = "".join(f"<li><code>{name}</code> <code>{k}</code></li>" for name, k in recipes)
-        text += (f"\n\n<details><summary><small>{len(recipes)} trained models (recipe and cache key)"
+        text += (f"\n\n<details><summary><small>{len(recipes)} trained models (recipe "
+                 "and cache key)"
                  f"</small></summary><ul>{items}</ul></details>")
     return Markdown(text)
 
@@ -76,7 +80,8 @@ def read_glue(nb) -> dict:
             meta = output.get("metadata", {}).get("scrapbook")
             if not meta:
                 continue
-            name, text = meta["name"], output["data"].get(meta.get("mime_prefix", "") + "text/plain")
+            name = meta["name"]
+            text = output["data"].get(meta.get("mime_prefix", "") + "text/plain")
             try:
                 value = _literal(text)
             except (ValueError, SyntaxError) as err:
@@ -98,8 +103,8 @@ class _NonFinite(ast.NodeTransformer):
 
 
 def _literal(text: str):
-    """A glued value's plain-text form as a Python literal; ``nan`` and ``inf`` allowed (an empty bin's
-    rate, say), nothing else that is not a literal."""
+    """A glued value's plain-text form as a Python literal; ``nan`` and ``inf`` allowed (an empty
+    bin's rate, say), nothing else that is not a literal."""
     try:
         return ast.literal_eval(text)
     except ValueError:
@@ -131,17 +136,20 @@ def toc_notebooks(root: Path) -> list[str]:
 
 
 def stale_footers(root: Path) -> dict[str, list[str]]:
-    """The chapters of the book at ``root`` whose committed footers list trained models that today's code would
-    train again: ``{stem: the modules whose code moved}`` (``["(no module hashes recorded)"]`` for a footer
-    written before they were, ``["(cache format N)"]`` for another cache format). Chapters that train nothing
-    are never stale. Reading the notebooks runs nothing."""
+    """The chapters of the book at ``root`` whose committed footers list trained models that today's
+    code would train again: ``{stem: the modules whose code moved}``
+    (``["(no module hashes recorded)"]`` for a footer written before they were,
+    ``["(cache format N)"]`` for another cache format). Chapters that train nothing are never stale.
+    Reading the notebooks runs nothing."""
     import json
 
-    from halluc_lab.recipes.cache import FORMAT_VERSION, moved_modules
+    from halluc_lab.recipes.cache import moved_modules
+    from halluc_lab.recipes.cache_key import FORMAT_VERSION
 
     out: dict[str, list[str]] = {}
     for stem in toc_notebooks(root):
-        glued = read_glue(json.loads((Path(root) / "notebooks" / f"{stem}.ipynb").read_text(encoding="utf-8")))
+        path = Path(root) / "notebooks" / f"{stem}.ipynb"
+        glued = read_glue(json.loads(path.read_text(encoding="utf-8")))
         if not glued.get("run_recipes"):
             continue
         code = glued.get("run_code")

@@ -1,50 +1,50 @@
-"""Continual learning's machinery: which parameters train, eq. (12)'s anchor, and the geometry of forgetting.
+"""Continual learning's machinery: which parameters train, eq. (12)'s anchor, and the geometry of
+forgetting.
 
-Chapter 12. Source: 001 Part 4 §1. The document splits the parameters, θ = (θ_frozen, θ_trainable), and
-updates only the trainable part on a new corpus D^(k+1), with a regulariser that keeps it near the last
-solution (eq. 12)::
+Chapter 12. Source: 001 Part 4 §1. The document splits the parameters, θ = (θ_frozen, θ_trainable),
+and updates only the trainable part on a new corpus D^(k+1), with a regulariser that keeps it near
+the last solution (eq. 12)::
 
     θ_trainable^(k+1) = argmin_ϑ [ L^(k+1)(θ_frozen, ϑ) + λ Ω(ϑ, θ_trainable^(k)) ].
 
-It explains forgetting by geometry: the new loss's gradient g^(k+1) "generically has a nonzero projection onto
-the subspace spanned by the earlier task gradients" S^(k), so a step −η g^(k+1) changes the old losses too, to
-first order by −η ⟨∇L^(i), g^(k+1)⟩. This module gives each piece as a function of a model, so the chapter can
-measure them on the lab's models:
+It explains forgetting by geometry: the new loss's gradient g^(k+1) "generically has a nonzero
+projection onto the subspace spanned by the earlier task gradients" S^(k), so a step −η g^(k+1)
+changes the old losses too, to first order by −η ⟨∇L^(i), g^(k+1)⟩. This module gives each piece as
+a function of a model, so the chapter can measure them on the lab's models:
 
 - :func:`grow_vocabulary` gives a model new token rows for the names a grown world adds
   (:mod:`halluc_lab.tasks.kb_growth`), every old weight kept;
-- :func:`train_only` freezes every parameter but the chosen ones (``train.train``'s optimizer takes only those
-  that require a gradient); :func:`block_parameters` names a block's;
-- :func:`train_new_rows` lets a grown vocabulary's new embedding rows train while the old rows stay frozen;
-- the methods the chapter compares are frozen dataclasses with one interface (``prepare`` a copy of the lab's model
-  for training, its ``loss``, the training ``sequences``, ``finish`` back to the lab's model):
-  :class:`FullFineTune` (θ_trainable = θ), :class:`FrozenBlocks` (chosen blocks), :class:`LoRA` (adapters through
-  :mod:`halluc_lab.extensions.lora`), and the wrappers :class:`Replay` (old data mixed in) and :class:`Anchor` (eq. 12's λΩ);
-- :func:`old_prompt_kl` measures how far a fine-tuned model moved on old prompts: KL(old ‖ new) per token;
-- :class:`Anchored` is a loss with λΩ added, Ω(ϑ, θ^(k)) = ½ ‖ϑ − θ^(k)‖² over the trainable parameters (the
-  simplest Ω: it pulls on the weights, not on the hidden representations F_θ(E) the document names);
-- :func:`flat_gradient` is ∇_θ L on a batch as one vector, :func:`span_share` the share of a gradient's squared
-  norm inside the span of others (cos² of its angle to S^(k): 1 inside it, 0 orthogonal to it), and
-  :func:`first_order_change` the predicted change of an old loss after one step on the new one.
+- :func:`train_only` freezes every parameter but the chosen ones (``train.train``'s optimizer takes
+  only those that require a gradient); :func:`block_parameters` names a block's;
+- :func:`train_new_rows` lets a grown vocabulary's new embedding rows train while the old rows stay
+  frozen;
+- the methods the chapter compares, built from these pieces, are
+  :mod:`halluc_lab.extensions.continual_methods`';
+- :func:`old_prompt_kl` measures how far a fine-tuned model moved on old prompts: KL(old ‖ new) per
+  token;
+- :class:`Anchored` is a loss with λΩ added, Ω(ϑ, θ^(k)) = ½ ‖ϑ − θ^(k)‖² over the trainable
+  parameters (the simplest Ω: it pulls on the weights, not on the hidden representations F_θ(E) the
+  document names);
+- :func:`flat_gradient` is ∇_θ L on a batch as one vector, :func:`span_share` the share of a
+  gradient's squared norm inside the span of others (cos² of its angle to S^(k): 1 inside it, 0
+  orthogonal to it), and :func:`first_order_change` the predicted change of an old loss after one
+  step on the new one.
 
-Departure: in the document θ_frozen holds the embeddings. A grown vocabulary's new names have no embedding until
-they are trained, so every method here trains the new rows (and only those rows, unless it trains everything).
+Departure: in the document θ_frozen holds the embeddings. A grown vocabulary's new names have no
+embedding until they are trained, so every method (:mod:`~halluc_lab.extensions.continual_methods`)
+trains the new rows (and only those rows, unless it trains everything).
 """
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import math
-import random
-import weakref
 from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
 
-from halluc_lab.training.data import IGNORE, Encoded, encode_example, pad
-from halluc_lab.extensions.lora import ALL_LINEAR, ATTENTION, LoraSpec, merge, with_lora
+from halluc_lab.training.data import IGNORE, encode_example, pad
 from halluc_lab.model.transformer import Transformer
 from halluc_lab.tasks.base import Example
 from halluc_lab.model.tokenizer import Tokenizer
@@ -54,9 +54,9 @@ Tensor = torch.Tensor
 
 @torch.no_grad()
 def grow_vocabulary(model: nn.Module, vocab_size: int, *, seed: int) -> nn.Module:
-    """A copy of the lab's ``model`` with ``vocab_size`` tokens: the old rows of the embedding (and of an untied
-    head) kept, the new rows drawn Normal(0, init_std) with ``seed``. On every old token the copy computes the
-    old logits, with the new tokens' logits beside them."""
+    """A copy of the lab's ``model`` with ``vocab_size`` tokens: the old rows of the embedding (and
+    of an untied head) kept, the new rows drawn Normal(0, init_std) with ``seed``. On every old
+    token the copy computes the old logits, with the new tokens' logits beside them."""
     old = model.config.vocab_size
     if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < old:
         raise ValueError(f"vocab_size must be an int >= the model's {old}, got {vocab_size!r}")
@@ -74,12 +74,14 @@ def grow_vocabulary(model: nn.Module, vocab_size: int, *, seed: int) -> nn.Modul
 
 
 def train_only(model: nn.Module, names: Sequence[str]) -> list[str]:
-    """Make ``names`` (parameter names, as ``named_parameters`` gives them) θ_trainable and freeze the rest in
-    place; return the trainable names in the model's order. Unknown names are an error."""
+    """Make ``names`` (parameter names, as ``named_parameters`` gives them) θ_trainable and freeze
+    the rest in place; return the trainable names in the model's order. Unknown names are an
+    error."""
     params = dict(model.named_parameters())
     unknown = sorted(set(names) - set(params))
     if unknown or not names:
-        raise ValueError(f"names must be a non-empty subset of the model's parameters; unknown: {unknown[:5]}")
+        raise ValueError("names must be a non-empty subset of the model's parameters; unknown: "
+                         f"{unknown[:5]}")
     chosen = set(names)
     for name, p in params.items():
         p.requires_grad_(name in chosen)
@@ -89,42 +91,54 @@ def train_only(model: nn.Module, names: Sequence[str]) -> list[str]:
 def block_parameters(model: nn.Module, blocks: Sequence[int]) -> list[str]:
     """The names of the parameters of the lab model's blocks ``blocks`` (0 is the first)."""
     n = len(model.layers)
-    if not blocks or any(isinstance(b, bool) or not isinstance(b, int) or not 0 <= b < n for b in blocks):
-        raise ValueError(f"blocks must be a non-empty list of block indices in [0, {n - 1}], got {list(blocks)!r}")
+    if not blocks or any(isinstance(b, bool) or not isinstance(b, int) or not 0 <= b < n
+                         for b in blocks):
+        raise ValueError(f"blocks must be a non-empty list of block indices in [0, {n - 1}], got "
+                         f"{list(blocks)!r}")
     prefixes = tuple(f"layers.{b}." for b in blocks)
     return [name for name, _ in model.named_parameters() if name.startswith(prefixes)]
 
 
 class Anchored:
-    """``loss`` plus eq. (12)'s λΩ(ϑ, θ^(k)), Ω = ½ ‖ϑ − θ^(k)‖² summed over the trainable parameters.
+    """``loss`` plus eq. (12)'s λΩ(ϑ, θ^(k)), Ω = ½ ‖ϑ − θ^(k)‖² summed over the trainable
+    parameters.
 
-    ``loss(model, batch) -> (summed loss, count)`` as :data:`halluc_lab.training.step.Loss`; the training step divides by
-    the count, so λΩ is added as λΩ·count and the step minimises mean loss + λΩ. ``anchor``: the trainable
-    parameters' values at the start (θ^(k)), taken from ``model`` now. ``first_new``: a grown vocabulary's first
-    new token; its rows and later ones of the token embedding and of an untied head are left out of Ω, as the new
-    names had no θ^(k) to stay near (their start is a random draw).
+    ``loss(model, batch) -> (summed loss, count)`` as :data:`halluc_lab.training.step.Loss`; the
+    training step divides by the count, so λΩ is added as λΩ·count and the step minimises mean
+    loss + λΩ. ``anchor``: the trainable parameters' values at the start (θ^(k)), taken from
+    ``model`` now. ``first_new``: a grown vocabulary's first new token; its rows and later ones of
+    the token embedding and of an untied head are left out of Ω, as the new names had no θ^(k) to
+    stay near (their start is a random draw).
     """
 
-    def __init__(self, loss: Callable, model: nn.Module, lam: float, *, first_new: int | None = None):
-        if isinstance(lam, bool) or not isinstance(lam, (int, float)) or not (math.isfinite(lam) and lam >= 0):
+    def __init__(self, loss: Callable, model: nn.Module, lam: float, *,
+                 first_new: int | None = None):
+        if (isinstance(lam, bool) or not isinstance(lam, (int, float))
+                or not (math.isfinite(lam) and lam >= 0)):
             raise ValueError(f"lam must be a finite number >= 0, got {lam!r}")
         self.loss, self.lam = loss, float(lam)
-        self.anchor = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+        self.anchor = {n: p.detach().clone() for n, p in model.named_parameters()
+                       if p.requires_grad}
         if not self.anchor:
-            raise ValueError("the model has no trainable parameter to anchor (call train_only first?)")
+            raise ValueError("the model has no trainable parameter to anchor (call "
+                             "train_only first?)")
         self.rows = {}  # parameter name -> how many leading rows Ω covers (all, if not named)
         if first_new is not None:
             for n, a in self.anchor.items():
                 if n.endswith(_TOKEN_ROWS):
-                    if isinstance(first_new, bool) or not isinstance(first_new, int) or not 0 < first_new < len(a):
-                        raise ValueError(f"first_new must be an int in [1, {len(a) - 1}], got {first_new!r}")
+                    if (isinstance(first_new, bool) or not isinstance(first_new, int)
+                            or not 0 < first_new < len(a)):
+                        raise ValueError(f"first_new must be an int in [1, {len(a) - 1}], got "
+                                         f"{first_new!r}")
                     self.rows[n] = first_new
-        self._kept = {n: self.rows.get(n, len(a)) for n, a in self.anchor.items()}  # rows Ω covers, every parameter
+        # rows Ω covers, every parameter
+        self._kept = {n: self.rows.get(n, len(a)) for n, a in self.anchor.items()}
 
     def penalty(self, model: nn.Module) -> Tensor:
         """Ω(ϑ, θ^(k)) = ½ Σ ‖ϑ − θ^(k)‖² (the new token rows left out)."""
         params = dict(model.named_parameters())
-        return 0.5 * sum(((params[n][:self._kept[n]] - a[:self._kept[n]]) ** 2).sum() for n, a in self.anchor.items())
+        return 0.5 * sum(((params[n][:self._kept[n]] - a[:self._kept[n]]) ** 2).sum()
+                         for n, a in self.anchor.items())
 
     def __call__(self, model: nn.Module, batch) -> tuple[Tensor, Tensor]:
         summed, count = self.loss(model, batch)
@@ -134,18 +148,21 @@ class Anchored:
 
 
 def flat_gradient(model: nn.Module, loss: Callable, batch) -> Tensor:
-    """∇_θ of the batch's mean loss, ``loss(model, batch) -> (summed, count)``, over the parameters that require a
-    gradient, concatenated in the model's order (float32). The model's ``.grad`` fields are left as they were."""
+    """∇_θ of the batch's mean loss, ``loss(model, batch) -> (summed, count)``, over the parameters
+    that require a gradient, concatenated in the model's order (float32). The model's ``.grad``
+    fields are left as they were."""
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
         raise ValueError("the model has no parameter that requires a gradient")
     summed, count = loss(model, batch)
     grads = torch.autograd.grad(summed / count.clamp_min(1), params, allow_unused=True)
-    return torch.cat([(torch.zeros_like(p) if g is None else g).float().flatten() for p, g in zip(params, grads)])
+    return torch.cat([(torch.zeros_like(p) if g is None else g).float().flatten()
+                      for p, g in zip(params, grads)])
 
 
 def span_share(g: Tensor, others: Sequence[Tensor]) -> float:
-    """‖P g‖² / ‖g‖²: the share of ``g``'s squared norm in the span of ``others`` (P the orthogonal projection).
+    """‖P g‖² / ‖g‖²: the share of ``g``'s squared norm in the span of ``others`` (P the orthogonal
+    projection).
 
     It is cos² of the angle between g and the subspace: 1 for g inside it, 0 for g orthogonal to it.
 
@@ -153,228 +170,71 @@ def span_share(g: Tensor, others: Sequence[Tensor]) -> float:
     0.5
     """
     if g.dim() != 1 or not others or any(o.shape != g.shape for o in others):
-        raise ValueError(f"g must be 1-D and others a non-empty list of vectors of its shape {tuple(g.shape)}")
+        raise ValueError("g must be 1-D and others a non-empty list of vectors of its shape "
+                         f"{tuple(g.shape)}")
     norm2 = float(g.double().pow(2).sum())
     if norm2 == 0:
         raise ValueError("g is the zero vector: it has no direction")
     basis = torch.stack([o.double() for o in others], 1)  # (P, k)
     q, r = torch.linalg.qr(basis)  # reduced: q (P, k) orthonormal columns spanning the others
-    keep = r.diagonal().abs() > 1e-12 * max(float(r.diagonal().abs().max()), 1e-300)  # drop dependent columns
+    # drop dependent columns
+    keep = r.diagonal().abs() > 1e-12 * max(float(r.diagonal().abs().max()), 1e-300)
     coeff = q[:, keep].T @ g.double()
     return float(coeff.pow(2).sum()) / norm2
 
 
 def first_order_change(g_old: Tensor, g_new: Tensor, lr: float) -> float:
-    """The change of an old loss after one plain gradient step θ ← θ − η g_new, to first order: −η ⟨g_old, g_new⟩.
+    """The change of an old loss after one plain gradient step θ ← θ − η g_new, to first order: −η
+    ⟨g_old, g_new⟩.
 
     >>> first_order_change(torch.tensor([1.0, 2.0]), torch.tensor([3.0, -1.0]), 0.1)
     -0.1
     """
     if g_old.shape != g_new.shape or g_old.dim() != 1:
-        raise ValueError(f"g_old and g_new must be vectors of one shape, got {tuple(g_old.shape)} and {tuple(g_new.shape)}")
+        raise ValueError(f"g_old and g_new must be vectors of one shape, got {tuple(g_old.shape)} "
+                         f"and {tuple(g_new.shape)}")
     return -lr * float(g_old.double() @ g_new.double())
 
 
-_TOKEN_ROWS = ("embed_tokens.weight", "lm_head.weight")  # the lab model's parameters with a row per token
+# the lab model's parameters with a row per token
+_TOKEN_ROWS = ("embed_tokens.weight", "lm_head.weight")
 
 
-# -- which parameters train: the methods compared -------------------------------------------------------
+# -- which parameters train -------------------------------------------------------
 def train_new_rows(model: nn.Module, first_new: int) -> list:
-    """Let the embedding rows of tokens ``first_new`` … V − 1 (a grown vocabulary's new names) train, and an untied
-    head's: the weight requires a gradient, and a hook zeroes the gradient of every older row. With AdamW at weight
-    decay 0 an old row then never moves (a zero gradient gives Adam a zero update). Returns the hooks' handles."""
+    """Let the embedding rows of tokens ``first_new`` … V − 1 (a grown vocabulary's new names)
+    train, and an untied head's: the weight requires a gradient, and a hook zeroes the gradient of
+    every older row. With AdamW at weight decay 0 an old row then never moves (a zero gradient gives
+    Adam a zero update). Returns the hooks' handles."""
     emb = model.embed_tokens.weight
-    if isinstance(first_new, bool) or not isinstance(first_new, int) or not 0 < first_new < emb.shape[0]:
-        raise ValueError(f"first_new must be an int in [1, {emb.shape[0] - 1}] (the first new token), got {first_new!r}")
+    if (isinstance(first_new, bool) or not isinstance(first_new, int)
+            or not 0 < first_new < emb.shape[0]):
+        raise ValueError(f"first_new must be an int in [1, {emb.shape[0] - 1}] (the first new "
+                         f"token), got {first_new!r}")
     weights = [emb] + ([] if model.lm_head is None else [model.lm_head.weight])
     handles = []
     for w in weights:
-        keep = torch.zeros(w.shape[0], 1, device=w.device, dtype=w.dtype)  # (V, 1): 1 on the new rows
+        # (V, 1): 1 on the new rows
+        keep = torch.zeros(w.shape[0], 1, device=w.device, dtype=w.dtype)
         keep[first_new:] = 1
         w.requires_grad_(True)
         handles.append(w.register_hook(lambda g, keep=keep: g * keep))
     return handles
 
 
-def _clean(net: nn.Module) -> Transformer:
-    """A fresh copy of a lab model's weights: every parameter trainable again, no hook left, in eval mode."""
-    out = Transformer(net.config).to(next(net.parameters()).device)
-    out.load_state_dict(net.state_dict())
-    return out.eval()
-
-
-def _check_model(model) -> None:
-    if not isinstance(model, Transformer):
-        raise TypeError(f"model must be the lab's Transformer, got {type(model).__name__}")
-
-
-class Method:
-    """What every method shares: ``prepare`` a trainable copy of the lab's model, the training loss and sequences,
-    ``finish`` back to the lab's model. ``cuda_graph``: passed to ``train.train`` (None: its default)."""
-
-    cuda_graph: bool | None = None
-
-    def prepare(self, model: Transformer, first_new: int, *, seed: int) -> nn.Module:
-        """A copy of ``model`` whose θ_trainable requires a gradient; rows ``first_new`` … V − 1 train in every method."""
-        raise NotImplementedError
-
-    def finish(self, net: nn.Module) -> Transformer:
-        """The lab's model the trained copy computes (eval mode), for the engine and the evaluation."""
-        return _clean(net)
-
-    def loss(self, net: nn.Module, base: Callable) -> Callable:
-        """The training loss on ``net``: ``base`` itself, unless a wrapper adds to it."""
-        return base
-
-    def sequences(self, new: Sequence[Encoded], old: Sequence[Encoded], *, seed: int) -> list[Encoded]:
-        """The sequences to train on: the new data, unless a wrapper mixes old data in."""
-        return list(new)
-
-
-@dataclasses.dataclass(frozen=True)
-class FullFineTune(Method):
-    """θ_trainable = θ: every parameter trains. Continuing training from a checkpoint does this (001's remark on
-    nanoGPT and nanochat): the naive baseline."""
-
-    @property
-    def label(self) -> str:
-        return "full fine-tuning"
-
-    def prepare(self, model: Transformer, first_new: int, *, seed: int) -> nn.Module:
-        _check_model(model)
-        return copy.deepcopy(model).requires_grad_(True).train()
-
-
-@dataclasses.dataclass(frozen=True)
-class FrozenBlocks(Method):
-    """θ_trainable = the parameters of ``blocks`` (and the new embedding rows); the rest of the backbone frozen."""
-
-    blocks: tuple[int, ...]  # indices of the blocks that train (0 is the first)
-
-    def __post_init__(self):
-        if not isinstance(self.blocks, tuple) or not self.blocks:
-            raise ValueError(f"blocks must be a non-empty tuple of block indices, got {self.blocks!r}")
-
-    @property
-    def label(self) -> str:
-        return f"frozen backbone, block{'s' * (len(self.blocks) > 1)} {', '.join(map(str, self.blocks))} trained"
-
-    def prepare(self, model: Transformer, first_new: int, *, seed: int) -> nn.Module:
-        _check_model(model)
-        net = copy.deepcopy(model).train()
-        train_only(net, block_parameters(net, list(self.blocks)))
-        train_new_rows(net, first_new)
-        return net
-
-
-@dataclasses.dataclass(frozen=True)
-class LoRA(Method):
-    """θ_trainable = LoRA adapters (:mod:`halluc_lab.extensions.lora`) and the new embedding rows; merged back when done."""
-
-    spec: LoraSpec  # rank, α and which linear layers
-
-    cuda_graph = False  # the Hugging Face twin's forward is run eagerly: it is not checked under graph capture
-
-    def __post_init__(self):
-        if not isinstance(self.spec, LoraSpec):
-            raise TypeError(f"spec must be a LoraSpec, got {type(self.spec).__name__}")
-
-    @property
-    def label(self) -> str:
-        names = {frozenset(ALL_LINEAR): "all linear", frozenset(ATTENTION): "attention"}
-        where = names.get(frozenset(self.spec.targets), ", ".join(self.spec.targets))
-        return f"LoRA r={self.spec.rank} ({where})"
-
-    def prepare(self, model: Transformer, first_new: int, *, seed: int) -> nn.Module:
-        _check_model(model)
-        vocab = model.config.vocab_size
-        if isinstance(first_new, bool) or not isinstance(first_new, int) or not 0 < first_new < vocab:
-            raise ValueError(f"first_new must be an int in [1, {vocab - 1}] (the first new token), got {first_new!r}")
-        return with_lora(model, self.spec, seed=seed, new_tokens=range(first_new, vocab)).train()
-
-    def finish(self, net: nn.Module) -> Transformer:
-        return merge(net).eval()
-
-
-@dataclasses.dataclass(frozen=True)
-class _Wrapper(Method):
-    """A method that trains what ``method`` trains, with something added: all it does not override is ``method``'s."""
-
-    method: Method  # the method whose parameters train
-
-    def __post_init__(self):
-        if not isinstance(self.method, Method):
-            raise TypeError(f"method must be a Method, got {type(self.method).__name__}")
-
-    cuda_graph = property(lambda self: self.method.cuda_graph)
-    prepare = property(lambda self: self.method.prepare)
-    finish = property(lambda self: self.method.finish)
-    loss = property(lambda self: self.method.loss)
-    sequences = property(lambda self: self.method.sequences)
-
-
-@dataclasses.dataclass(frozen=True)
-class Replay(_Wrapper):
-    """``method`` trained on the new sequences with old ones mixed in: ``fraction`` old sequences per new one,
-    drawn without replacement and shuffled in (seeded)."""
-
-    fraction: float  # old sequences per new sequence
-
-    def __post_init__(self):
-        super().__post_init__()
-        if isinstance(self.fraction, bool) or not isinstance(self.fraction, (int, float)) or not (
-                math.isfinite(self.fraction) and self.fraction > 0):
-            raise ValueError(f"fraction must be a finite number > 0, got {self.fraction!r}")
-
-    label = property(lambda self: f"{self.method.label} + replay {self.fraction:g}")
-
-    def sequences(self, new: Sequence[Encoded], old: Sequence[Encoded], *, seed: int) -> list[Encoded]:
-        k = round(self.fraction * len(new))
-        if k > len(old):
-            raise ValueError(f"replay needs {k} old sequences ({self.fraction:g} per new one), got {len(old)}")
-        rng = random.Random(f"replay-{seed}")
-        out = self.method.sequences(new, old, seed=seed) + rng.sample(list(old), k)
-        rng.shuffle(out)
-        return out
-
-
-@dataclasses.dataclass(frozen=True)
-class Anchor(_Wrapper):
-    """``method`` with eq. (12)'s λΩ added to its loss (:class:`Anchored`: Ω = ½ ‖ϑ − θ^(k)‖² over its trainable
-    parameters, θ^(k) their values when training starts)."""
-
-    lam: float  # λ
-
-    def __post_init__(self):
-        super().__post_init__()
-        if isinstance(self.lam, bool) or not isinstance(self.lam, (int, float)) or not (
-                math.isfinite(self.lam) and self.lam >= 0):
-            raise ValueError(f"lam must be a finite number >= 0, got {self.lam!r}")
-
-    label = property(lambda self: f"{self.method.label} + anchor λ={self.lam:g}")
-
-    def prepare(self, model: Transformer, first_new: int, *, seed: int) -> nn.Module:
-        net = self.method.prepare(model, first_new, seed=seed)
-        _FIRST_NEW[net] = first_new  # the loss, built from the net, leaves the new rows out of Ω
-        return net
-
-    def loss(self, net: nn.Module, base: Callable) -> Callable:
-        return Anchored(self.method.loss(net, base), net, self.lam, first_new=_FIRST_NEW.get(net))
-
-
-_FIRST_NEW: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # net prepared by an Anchor -> its first new token
-
-
-# -- how far the old behaviour moved ------------------------------------------------------------------
+# -- how far the old behaviour moved ---------------------------------------------------------------
 @torch.no_grad()
-def old_prompt_kl(old: nn.Module, new: nn.Module, tok: Tokenizer, examples: Sequence[Example]) -> list[float]:
-    """Per example, the mean over its completion tokens (``<eos>`` included) of KL(p_old ‖ p_new) of the next-token
-    distributions, teacher-forced on the gold completion (nats). ``old`` may know fewer tokens than ``new`` (a grown
-    vocabulary, old ids first): p_old puts no mass on the new ones, and p_new is not renormalised, so the mass a
-    fine-tuned model moved to new tokens counts. ``tok`` must encode the examples for both."""
+def old_prompt_kl(old: nn.Module, new: nn.Module, tok: Tokenizer,
+                  examples: Sequence[Example]) -> list[float]:
+    """Per example, the mean over its completion tokens (``<eos>`` included) of KL(p_old ‖ p_new) of
+    the next-token distributions, teacher-forced on the gold completion (nats). ``old`` may know
+    fewer tokens than ``new`` (a grown vocabulary, old ids first): p_old puts no mass on the new
+    ones, and p_new is not renormalised, so the mass a fine-tuned model moved to new tokens counts.
+    ``tok`` must encode the examples for both."""
     if not examples:
         raise ValueError("examples must hold at least one Example")
-    b = pad([encode_example(tok, e) for e in examples], tok.pad_id).to(next(new.parameters()).device)
+    b = pad([encode_example(tok, e) for e in examples],
+            tok.pad_id).to(next(new.parameters()).device)
     was = old.training, new.training
     old.eval(), new.eval()
     try:
@@ -384,7 +244,9 @@ def old_prompt_kl(old: nn.Module, new: nn.Module, tok: Tokenizer, examples: Sequ
         old.train(was[0]), new.train(was[1])
     v_old, v_new = lp_old.shape[-1], lp_new.shape[-1]
     if v_old > v_new:
-        raise ValueError(f"old knows {v_old} tokens, more than new's {v_new}: pass the models the other way round")
-    kl = (lp_old.exp() * (lp_old - lp_new[..., :v_old])).sum(-1)[:, :-1]  # (B, T-1): the token at t+1 predicted
+        raise ValueError(f"old knows {v_old} tokens, more than new's {v_new}: pass the models the "
+                         "other way round")
+    # (B, T-1): the token at t+1 predicted
+    kl = (lp_old.exp() * (lp_old - lp_new[..., :v_old])).sum(-1)[:, :-1]
     mask = (b.labels[:, 1:] != IGNORE).double()  # (B, T-1) completion tokens
     return ((kl * mask).sum(1) / mask.sum(1)).tolist()

@@ -8,7 +8,8 @@ Named after the concept the chapter teaches — the autoregressive factorisation
 one model: every function here works on *any* next-token model, a callable
 ``model(tokens) -> logits`` mapping (B, T) token ids to (B, T, V) logits (or log-probabilities,
 ``-inf`` allowed) where position t scores the token at t + 1. The n-gram tables of
-:mod:`halluc_lab.foundations.ngram` and the RNN of :mod:`halluc_lab.foundations.rnn` are both such callables.
+:mod:`halluc_lab.foundations.ngram` and the RNN of :mod:`halluc_lab.foundations.rnn` are both such
+callables.
 
 Conventions, made explicit where the documents leave them implicit:
 
@@ -45,7 +46,8 @@ def _check_tokens(tokens: torch.Tensor, min_len: int = 1) -> None:
 def _log_probs(model: Model, tokens: torch.Tensor) -> torch.Tensor:
     """Call the model and normalise: (B, T) -> (B, T, V) log-probabilities."""
     logits = model(tokens)
-    if not isinstance(logits, torch.Tensor) or logits.dim() != 3 or logits.shape[:2] != tokens.shape:
+    if (not isinstance(logits, torch.Tensor) or logits.dim() != 3
+            or logits.shape[:2] != tokens.shape):
         raise ValueError(f"model must map tokens of shape {tuple(tokens.shape)} to logits of shape "
                          f"(B, T, V); got {getattr(logits, 'shape', type(logits).__name__)}")
     if bool(torch.isnan(logits).any()):
@@ -116,7 +118,8 @@ def stepwise_log_probs(model: Model, tokens: torch.Tensor) -> torch.Tensor:
     return torch.stack(factors, dim=1)  # (B, T-1)
 
 
-def sequence_log_prob(model: Model, tokens: torch.Tensor, eos_id: int, stepwise: bool = False) -> torch.Tensor:
+def sequence_log_prob(model: Model, tokens: torch.Tensor, eos_id: int,
+                      stepwise: bool = False) -> torch.Tensor:
     """log P(sequence) = Σ_t log P(x_t | x_<t) over the real predictions of each row.
 
     Args:
@@ -155,10 +158,12 @@ def generate(model: Model, prompt: torch.Tensor, max_new_tokens: int, generator:
 
     Example:
         >>> bos = torch.zeros(4, 1, dtype=torch.long)
-        >>> tokens, lp = generate(model, bos, 20, torch.Generator().manual_seed(0), eos_id=9)  # doctest: +SKIP
+        >>> g = torch.Generator().manual_seed(0)
+        >>> tokens, lp = generate(model, bos, 20, g, eos_id=9)  # doctest: +SKIP
     """
     _check_tokens(prompt)
-    if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 0:
+    if (not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool)
+            or max_new_tokens < 0):
         raise ValueError(f"max_new_tokens must be an int ≥ 0, got {max_new_tokens!r}")
     if not isinstance(generator, torch.Generator):
         raise TypeError("generator must be a torch.Generator (randomness is explicit)")
@@ -166,7 +171,8 @@ def generate(model: Model, prompt: torch.Tensor, max_new_tokens: int, generator:
     tokens, new_lp = prompt, []
     done = torch.zeros(prompt.shape[0], dtype=torch.bool, device=prompt.device)  # (B,)
     for _ in range(max_new_tokens):
-        context = tokens if window is None else tokens[:, -window:]  # 002 "Keep only recent context"
+        # 002 "Keep only recent context"
+        context = tokens if window is None else tokens[:, -window:]
         log_probs = _log_probs(model, context)[:, -1]  # (B, V): the model's next-token distribution
         nxt = torch.multinomial(log_probs.exp(), 1, generator=generator).squeeze(-1)  # (B,)
         lp = log_probs.gather(-1, nxt[:, None]).squeeze(-1)  # (B,)

@@ -55,9 +55,11 @@ class HMM:
         n_tags, n_words = len(self.tags), len(self.words)
         shapes = {"start": (n_tags,), "transition": (n_tags, n_tags), "emission": (n_tags, n_words)}
         for name, shape in shapes.items():
-            arr = np.array(getattr(self, name), dtype=np.float64)  # a copy: the caller's array stays theirs
+            # a copy: the caller's array stays theirs
+            arr = np.array(getattr(self, name), dtype=np.float64)
             if arr.shape != shape:
-                raise ValueError(f"{name} must have shape {shape} (T={n_tags} tags, W={n_words} words), "
+                raise ValueError(f"{name} must have shape {shape} (T={n_tags} tags, "
+                                 f"W={n_words} words), "
                                  f"got {arr.shape}")
             if not np.all(np.isfinite(arr)) or np.any(arr < 0):
                 raise ValueError(f"{name} must be finite and non-negative")
@@ -65,7 +67,8 @@ class HMM:
             bad = np.flatnonzero(np.abs(np.atleast_1d(sums) - 1.0) > 1e-9)
             if bad.size:
                 where = "" if arr.ndim == 1 else f" rows {[self.tags[i] for i in bad[:5]]}"
-                raise ValueError(f"{name}{where} must sum to 1 (within 1e-9), got {np.atleast_1d(sums)[bad[:5]]}")
+                raise ValueError(f"{name}{where} must sum to 1 (within 1e-9), got "
+                                 f"{np.atleast_1d(sums)[bad[:5]]}")
             arr.setflags(write=False)
             object.__setattr__(self, name, arr)
 
@@ -84,7 +87,8 @@ _TRANSITION = {
 _EMISSION = {  # run, fish, light and fast are ambiguous: only the context tells their tag
     "DET": {"the": 0.5, "a": 0.35, "every": 0.15},
     "ADJ": {"big": 0.25, "small": 0.2, "old": 0.15, "light": 0.2, "fast": 0.2},
-    "NOUN": {"dog": 0.15, "cat": 0.15, "fish": 0.15, "run": 0.1, "light": 0.15, "river": 0.15, "boat": 0.15},
+    "NOUN": {"dog": 0.15, "cat": 0.15, "fish": 0.15, "run": 0.1, "light": 0.15, "river": 0.15,
+             "boat": 0.15},
     "VERB": {"run": 0.2, "fish": 0.15, "light": 0.1, "sees": 0.2, "swims": 0.15, "sleeps": 0.2},
     "ADV": {"fast": 0.3, "quickly": 0.4, "often": 0.3},
     "PREP": {"in": 0.4, "near": 0.35, "with": 0.25},
@@ -103,7 +107,8 @@ def toy_grammar() -> HMM:
         (('DET', 'ADJ', 'NOUN', 'VERB', 'ADV', 'PREP'), (6, 22))
     """
     tags = tuple(_EMISSION)
-    words = tuple(dict.fromkeys(w for row in _EMISSION.values() for w in row))  # first appearance order
+    # first appearance order
+    words = tuple(dict.fromkeys(w for row in _EMISSION.values() for w in row))
     return HMM(tags, words,
                np.array([_START.get(t, 0.0) for t in tags]),
                np.array([[_TRANSITION[a].get(b, 0.0) for b in tags] for a in tags]),
@@ -114,7 +119,8 @@ def toy_grammar() -> HMM:
 
 
 def _draw(rng: np.random.Generator, probs: np.ndarray) -> np.ndarray:
-    """One index per row of ``probs`` (N, K), drawn by inverse CDF; zero-probability entries never."""
+    """One index per row of ``probs`` (N, K), drawn by inverse CDF; zero-probability entries
+    never."""
     cum = np.cumsum(probs, axis=1)
     cum /= cum[:, -1:]  # the last entry is exactly 1.0 > u, so every row draws something
     u = rng.random((probs.shape[0], 1))
@@ -145,7 +151,8 @@ def sample(hmm: HMM, n_sentences: int, length: int, seed: int) -> list[TaggedSen
         if i > 0:
             tags[:, i] = _draw(rng, hmm.transition[tags[:, i - 1]])
         words[:, i] = _draw(rng, hmm.emission[tags[:, i]])
-    return [(tuple(hmm.words[w] for w in ws), tuple(hmm.tags[t] for t in ts)) for ws, ts in zip(words, tags)]
+    return [(tuple(hmm.words[w] for w in ws), tuple(hmm.tags[t] for t in ts))
+            for ws, ts in zip(words, tags)]
 
 
 # ---------------------------------------------------------------- estimation
@@ -167,7 +174,8 @@ def estimate(tagged_sentences: Sequence[TaggedSentence], tags: Sequence[str], wo
     emission[t, w] ∝ #(w tagged t) + s, each row normalised to 1 (s = ``smoothing``, Lidstone).
 
     Example:
-        >>> h = estimate([(("the", "dog"), ("DET", "NOUN"))], ["DET", "NOUN"], ["the", "dog"], smoothing=1)
+        >>> h = estimate([(("the", "dog"), ("DET", "NOUN"))], ["DET", "NOUN"], ["the", "dog"],
+        ...              smoothing=1)
         >>> h.start.tolist(), h.emission[0].tolist()
         ([0.6666666666666666, 0.3333333333333333], [0.6666666666666666, 0.3333333333333333])
     """
@@ -190,7 +198,8 @@ def estimate(tagged_sentences: Sequence[TaggedSentence], tags: Sequence[str], wo
         start[t_ids[0]] += 1
         np.add.at(transition, (t_ids[:-1], t_ids[1:]), 1)
         np.add.at(emission, (t_ids, w_ids), 1)
-    rows = {"start": start + smoothing, "transition": transition + smoothing, "emission": emission + smoothing}
+    rows = {"start": start + smoothing, "transition": transition + smoothing,
+            "emission": emission + smoothing}
     for name, arr in rows.items():
         totals = arr.sum(axis=-1, keepdims=True)
         if np.any(totals == 0):
@@ -213,7 +222,8 @@ def _log(p: np.ndarray) -> np.ndarray:
 def log_joint(hmm: HMM, words: Sequence[str], tags: Sequence[str]) -> float:
     """log P(words, tags) under ``hmm`` (−inf where a factor is 0)."""
     if len(words) != len(tags) or len(words) == 0:
-        raise ValueError(f"words ({len(words)}) and tags ({len(tags)}) must have equal, non-zero length")
+        raise ValueError(f"words ({len(words)}) and tags ({len(tags)}) must have equal, "
+                         "non-zero length")
     w = _indices(words, {x: i for i, x in enumerate(hmm.words)}, "words")
     t = _indices(tags, {x: i for i, x in enumerate(hmm.tags)}, "tags")
     logs = [_log(hmm.start[t[0]])] + [_log(hmm.transition[a, b]) for a, b in pairwise(t)]
@@ -221,7 +231,8 @@ def log_joint(hmm: HMM, words: Sequence[str], tags: Sequence[str]) -> float:
 
 
 def viterbi(hmm: HMM, words: Sequence[str]) -> tuple[tuple[str, ...], float]:
-    """The most probable tag sequence for ``words`` and its joint log-probability log P(words, tags).
+    """The most probable tag sequence for ``words`` and its joint log-probability log P(words,
+    tags).
 
     δ_1[j] = log start[j] + log emission[j, w_1]; δ_i[j] = max_k δ_{i-1}[k] + log transition[k, j]
     + log emission[j, w_i], remembering the best k; the tags are read back from the best δ_n.

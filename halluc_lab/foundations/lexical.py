@@ -1,5 +1,8 @@
 """Classical NLP: precision/recall/F1, edit distance, PMI, TF-IDF, BM25, reciprocal rank fusion.
 
+Edit distance and its edit script are :mod:`halluc_lab.foundations.edits`', re-exported here so that
+chapter 2 reads its toolkit from one module.
+
 Chapter 2 (classical NLP). Sources: 004 §2.1 (precision, recall, F1), §3.1 (edit distance),
 §3.2 (PMI), §3.3 (TF, IDF, TF-IDF), §3.4 (BM25), §3.5 (RRF, Cormack, Clarke & Büttcher 2009).
 §3.7 (label smoothing) is ``losses.causal_lm_loss(label_smoothing=)``; §3.6 is an empty heading.
@@ -12,9 +15,6 @@ Departures from 004, and what it leaves open (each with a test in tests/unit/tes
 - §2.1 announces "the following equation" for F1 and prints none: F1 = 2PR/(P + R), computed as
   2TP/(2TP + FP + FN), the same number whenever P + R > 0. A zero denominator gives
   ``zero_division`` (0 by default, as scikit-learn), never NaN.
-- §3.1 states carr→cat 3, car 1, cart 2: the insert/delete-only distances. Levenshtein gives
-  cat 2, car 1, cart 1, care 1, so "car" does not win alone. The explanations are swapped:
-  carr→car is one deletion; "replace second r with t" turns carr into cart.
 - §3.2 eq. 3.2 drops the logarithm: PMI = log p(x|y)/p(x) = log p(y|x)/p(y). The marginals are
   unnamed: here p(x) is the row sum (x as the first word of a forward pair) and p(y) the column
   sum (y as the second word), both over the total count of pairs. A pair never seen has PMI
@@ -40,9 +40,12 @@ from collections import Counter
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from numbers import Real
-from typing import NamedTuple
 
 import numpy as np
+
+# re-exported: chapter 2 reads its toolkit from this module
+from halluc_lab.foundations.edits import Edit, apply_edits, edit_distance  # noqa: F401
+from halluc_lab.foundations.edits import edit_script, edit_table  # noqa: F401
 
 # ---------------------------------------------------------------- precision, recall, F1 (§2.1)
 
@@ -89,84 +92,8 @@ def precision_recall_f1_sets(predicted: Iterable[Hashable], relevant: Iterable[H
     _check_tokens("predicted", predicted, "items")
     _check_tokens("relevant", relevant, "items")
     pred, rel = set(predicted), set(relevant)
-    return precision_recall_f1(len(pred & rel), len(pred - rel), len(rel - pred), zero_division=zero_division)
-
-
-# ---------------------------------------------------------------- edit distance (§3.1)
-
-
-class Edit(NamedTuple):
-    """One step of an edit script; ``source`` is consumed from a, ``target`` written to b."""
-
-    op: str  # "keep", "substitute", "delete" or "insert"
-    source: Hashable | None  # the item of a (None for an insertion)
-    target: Hashable | None  # the item of b (None for a deletion)
-
-
-def edit_table(a: Sequence[Hashable], b: Sequence[Hashable], *, substitution: bool = True) -> np.ndarray:
-    """The dynamic-programming table D (len(a)+1, len(b)+1): D[i, j] = distance of a[:i] to b[:j].
-
-    Unit costs. With ``substitution=False`` only insertions and deletions are allowed (the
-    distance is then len(a) + len(b) − 2·LCS). Example: ``edit_table("ab", "b")[-1, -1]`` → 1.
-    """
-    m, n = len(a), len(b)
-    table = np.zeros((m + 1, n + 1), dtype=np.int64)
-    table[:, 0] = np.arange(m + 1)  # delete all of a[:i]
-    table[0, :] = np.arange(n + 1)  # insert all of b[:j]
-    for i in range(1, m + 1):
-        for j in range(1, n + 1):
-            best = min(table[i - 1, j], table[i, j - 1]) + 1  # delete a[i-1] / insert b[j-1]
-            if a[i - 1] == b[j - 1]:
-                best = min(best, table[i - 1, j - 1])
-            elif substitution:
-                best = min(best, table[i - 1, j - 1] + 1)
-            table[i, j] = best
-    return table
-
-
-def edit_distance(a: Sequence[Hashable], b: Sequence[Hashable], *, substitution: bool = True) -> int:
-    """Levenshtein distance (``substitution=False``: insert/delete-only distance)."""
-    return int(edit_table(a, b, substitution=substitution)[-1, -1])
-
-
-def edit_script(a: Sequence[Hashable], b: Sequence[Hashable], *, substitution: bool = True) -> list[Edit]:
-    """One shortest edit script from a to b, back-traced through :func:`edit_table`.
-
-    Ties prefer keep/substitute, then delete, then insert. The number of non-"keep" steps equals
-    the distance, and :func:`apply_edits` turns a into b.
-    """
-    table = edit_table(a, b, substitution=substitution)
-    i, j, script = len(a), len(b), []
-    while i > 0 or j > 0:
-        diagonal = table[i - 1, j - 1] if i > 0 and j > 0 else None
-        if diagonal is not None and a[i - 1] == b[j - 1] and table[i, j] == diagonal:
-            script.append(Edit("keep", a[i - 1], b[j - 1]))
-            i, j = i - 1, j - 1
-        elif diagonal is not None and substitution and table[i, j] == diagonal + 1:
-            script.append(Edit("substitute", a[i - 1], b[j - 1]))
-            i, j = i - 1, j - 1
-        elif i > 0 and table[i, j] == table[i - 1, j] + 1:
-            script.append(Edit("delete", a[i - 1], None))
-            i -= 1
-        else:
-            script.append(Edit("insert", None, b[j - 1]))
-            j -= 1
-    return script[::-1]
-
-
-def apply_edits(a: Sequence[Hashable], script: Sequence[Edit]) -> list[Hashable]:
-    """Run an edit script on a; raises if the script does not consume a in order."""
-    out, pos = [], 0
-    for edit in script:
-        if edit.op != "insert":
-            if pos >= len(a) or a[pos] != edit.source:
-                raise ValueError(f"script step {edit} does not match a at position {pos}")
-            pos += 1
-        if edit.op in ("keep", "substitute", "insert"):
-            out.append(edit.target)
-    if pos != len(a):
-        raise ValueError(f"script consumed {pos} of the {len(a)} items of a")
-    return out
+    return precision_recall_f1(len(pred & rel), len(pred - rel), len(rel - pred),
+                               zero_division=zero_division)
 
 
 # ---------------------------------------------------------------- PMI (§3.2)
@@ -314,7 +241,8 @@ def idf_plain(df: np.ndarray, n_docs: int) -> np.ndarray:
     """idf = log(N / df); every df must be >= 1 (004: "this will lead to a division-by-zero")."""
     d = _check_df(df, n_docs)
     if np.any(d == 0):
-        raise ValueError(f"idf_plain needs df >= 1; terms {np.flatnonzero(d == 0).tolist()[:5]} have df 0 "
+        raise ValueError("idf_plain needs df >= 1; terms "
+                         f"{np.flatnonzero(d == 0).tolist()[:5]} have df 0 "
                          "(use idf_smooth)")
     return np.log(n_docs / d)
 
@@ -325,7 +253,8 @@ def idf_smooth(df: np.ndarray, n_docs: int) -> np.ndarray:
 
 
 def idf_bm25(df: np.ndarray, n_docs: int) -> np.ndarray:
-    """idf = log(1 + (N − df + 0.5) / (df + 0.5)), Lucene's BM25 idf (bm25s "lucene"); always > 0."""
+    """idf = log(1 + (N − df + 0.5) / (df + 0.5)), Lucene's BM25 idf (bm25s "lucene");
+    always > 0."""
     d = _check_df(df, n_docs)
     return np.log1p((n_docs - d + 0.5) / (d + 0.5))
 
@@ -337,7 +266,8 @@ def idf_robertson(df: np.ndarray, n_docs: int) -> np.ndarray:
 
 
 def idf_okapi(df: np.ndarray, n_docs: int, epsilon: float = 0.25) -> np.ndarray:
-    """rank-bm25's BM25Okapi idf: Robertson's, with each negative value replaced by ε × the mean idf."""
+    """rank-bm25's BM25Okapi idf: Robertson's, with each negative value replaced by ε × the mean
+    idf."""
     idf = idf_robertson(df, n_docs)
     if isinstance(epsilon, bool) or not isinstance(epsilon, Real) or not math.isfinite(epsilon):
         raise ValueError(f"epsilon must be a finite number, got {epsilon!r}")

@@ -1,14 +1,15 @@
-"""N-gram language models: bigram counts, maximum likelihood, add-k smoothing, likelihood, perplexity.
+"""N-gram language models: bigram counts, maximum likelihood, add-k smoothing, likelihood,
+perplexity.
 
 Chapter 1. Sources: 004 §2.1 (the bigram model, a Markov model of order 1; its likelihood, the
 MLE P(w_i | w_{i-1}) = Count(w_{i-1}, w_i) / Count(w_{i-1}), the log-likelihood), §2.1.1
 (perplexity); 002 "Perplexity", "Start Token", "End Token".
 
 An :class:`NGramLM` of order n is a table P(next | previous n - 1 symbols); it is also a
-next-token model in the sense of :mod:`halluc_lab.foundations.autoregressive` (call it on (B, T) ids to get
-(B, T, S) log-probabilities), so the chain-rule functions, generation and perplexity there work on
-it unchanged. Bigrams are fitted from counts (:func:`count_bigrams`, :func:`fit_bigram`); a known
-higher-order source for experiments comes from :func:`random_ngram`.
+next-token model in the sense of :mod:`halluc_lab.foundations.autoregressive` (call it on (B, T) ids
+to get (B, T, S) log-probabilities), so the chain-rule functions, generation and perplexity there
+work on it unchanged. Bigrams are fitted from counts (:func:`count_bigrams`, :func:`fit_bigram`); a
+known higher-order source for experiments comes from :func:`random_ngram`.
 
 Conventions the documents leave implicit, made explicit here:
 
@@ -57,11 +58,13 @@ class NGramLM:
         if not isinstance(p, torch.Tensor) or not p.is_floating_point():
             raise TypeError("probs must be a floating-point tensor")
         if p.dim() < 2 or any(n != s for n in p.shape):
-            raise ValueError(f"probs must have shape ({s},) * order with order ≥ 2 for {s} symbols, "
+            raise ValueError(f"probs must have shape ({s},) * order with order ≥ 2 for "
+                             f"{s} symbols, "
                              f"got {tuple(p.shape)}")
         check_distribution(p, dim=-1, name="probs")
         if bool((p[..., 0] != 0).any()):
-            raise ValueError("probs must give the start symbol (column 0) probability 0: BOS is never predicted")
+            raise ValueError("probs must give the start symbol (column 0) probability 0: BOS is "
+                             "never predicted")
         if bool((p[..., -1, -1] != 1).any()):
             raise ValueError("probs must make EOS absorbing: P(EOS | ..., EOS) = 1")
 
@@ -81,7 +84,8 @@ class NGramLM:
         return len(self.symbols) - 1
 
     def __call__(self, tokens: torch.Tensor) -> torch.Tensor:
-        """(B, T) ids -> (B, T, S) log P(next | the n - 1 symbols ending at t), BOS-padded on the left."""
+        """(B, T) ids -> (B, T, S) log P(next | the n - 1 symbols ending at t), BOS-padded on the
+        left."""
         if not isinstance(tokens, torch.Tensor) or tokens.dtype != torch.long or tokens.dim() != 2:
             raise TypeError("tokens must be a (B, T) torch.long tensor")
         if bool((tokens < 0).any()) or bool((tokens >= len(self.symbols)).any()):
@@ -116,9 +120,11 @@ def _check_corpus(corpus) -> None:
                             f"got {type(sentence).__name__}")
         for tok in sentence:
             if not isinstance(tok, str):
-                raise TypeError(f"corpus[{i}] has a token of type {type(tok).__name__}; tokens are str")
+                raise TypeError(f"corpus[{i}] has a token of type {type(tok).__name__}; "
+                                "tokens are str")
             if tok in (BOS, EOS):
-                raise ValueError(f"corpus[{i}] contains {tok!r}; start and end symbols are added by encode")
+                raise ValueError(f"corpus[{i}] contains {tok!r}; start and end symbols are "
+                                 "added by encode")
 
 
 def vocabulary(corpus: Sequence[Sequence[str]]) -> tuple[str, ...]:
@@ -183,7 +189,8 @@ def count_bigrams(ids: torch.Tensor, num_symbols: int) -> torch.Tensor:
     if not isinstance(ids, torch.Tensor) or ids.dtype != torch.long or ids.dim() != 2:
         raise TypeError("ids must be a (N, L) torch.long tensor of encoded sentences")
     if ids.shape[0] == 0 or ids.shape[1] < 2:
-        raise ValueError(f"ids must hold at least one sentence (N ≥ 1, L ≥ 2), got {tuple(ids.shape)}")
+        raise ValueError("ids must hold at least one sentence (N ≥ 1, L ≥ 2), got "
+                         f"{tuple(ids.shape)}")
     if bool((ids < 0).any()) or bool((ids >= num_symbols).any()):
         raise ValueError(f"ids must be in [0, {num_symbols - 1}] (num_symbols = {num_symbols})")
     if bool((ids[:, 0] != 0).any()) or bool((ids[:, 1:] == 0).any()):
@@ -216,7 +223,8 @@ def fit_bigram(counts: torch.Tensor, symbols: tuple[str, ...], k: float = 0.0) -
     if not isinstance(counts, torch.Tensor):
         raise TypeError("counts must be a torch.Tensor")
     if counts.shape != (s, s):
-        raise ValueError(f"counts must have shape ({s}, {s}) for {s} symbols, got {tuple(counts.shape)}")
+        raise ValueError(f"counts must have shape ({s}, {s}) for {s} symbols, got "
+                         f"{tuple(counts.shape)}")
     c = counts.to(torch.float64)
     if not bool(torch.isfinite(c).all()) or bool((c < 0).any()):
         raise ValueError("counts must be finite and non-negative")

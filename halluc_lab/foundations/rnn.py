@@ -52,7 +52,8 @@ class RNNConfig:
 
 @dataclass(frozen=True)
 class Trace:
-    """Every intermediate of a forward pass; a_t and h_t one tensor per step, so autograd can reach each."""
+    """Every intermediate of a forward pass; a_t and h_t one tensor per step, so autograd can reach
+    each."""
 
     a: tuple[torch.Tensor, ...]  # T × (B, H) hidden pre-activations a_1 … a_T
     h: tuple[torch.Tensor, ...]  # (T + 1) × (B, H) hidden states h_0 … h_T
@@ -80,7 +81,8 @@ class ElmanLM(nn.Module):
     """An Elman RNN language model with 003's parameter names; ``model(tokens)`` gives logits.
 
     Example:
-        >>> model = ElmanLM(RNNConfig(vocab_size=5, hidden_size=8), torch.Generator().manual_seed(0))
+        >>> model = ElmanLM(RNNConfig(vocab_size=5, hidden_size=8),
+        ...                 torch.Generator().manual_seed(0))
         >>> model(torch.tensor([[0, 1, 2]])).shape        # (B, T, R)
         torch.Size([1, 3, 5])
     """
@@ -110,7 +112,8 @@ class ElmanLM(nn.Module):
     def trace(self, x: torch.Tensor, h0: torch.Tensor | None = None) -> Trace:
         """The forward pass of 003 §2.2 over inputs x (B, T, p), keeping every intermediate."""
         if x.dim() != 3 or x.shape[-1] != self.W_xh.shape[1]:
-            raise ValueError(f"x must have shape (B, T, {self.W_xh.shape[1]}), got {tuple(x.shape)}")
+            raise ValueError(f"x must have shape (B, T, {self.W_xh.shape[1]}), "
+                             f"got {tuple(x.shape)}")
         b, hidden = x.shape[0], self.W_hh.shape[0]
         h_prev = x.new_zeros(b, hidden) if h0 is None else h0  # (B, H): h_0 = 0 unless given
         if h_prev.shape != (b, hidden):
@@ -136,16 +139,19 @@ class ElmanLM(nn.Module):
         return self.trace(x).z  # (B, T, R)
 
 
-def _check_batch(model: ElmanLM, x: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+def _check_batch(model: ElmanLM, x: torch.Tensor, targets: torch.Tensor,
+                 mask: torch.Tensor | None) -> torch.Tensor:
     if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.dim() != 3:
         raise TypeError("x must be a floating-point (B, T, p) tensor of inputs")
-    if not isinstance(targets, torch.Tensor) or targets.dtype != torch.long or targets.shape != x.shape[:2]:
+    if (not isinstance(targets, torch.Tensor) or targets.dtype != torch.long
+            or targets.shape != x.shape[:2]):
         raise ValueError(f"targets must be a torch.long tensor of shape {tuple(x.shape[:2])}")
     if bool((targets < 0).any()) or bool((targets >= model.config.vocab_size).any()):
         raise ValueError(f"targets must be ids in [0, {model.config.vocab_size - 1}]")
     if mask is None:
         return torch.ones_like(targets, dtype=torch.bool)
-    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.shape != targets.shape:
+    if (not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool
+            or mask.shape != targets.shape):
         raise ValueError(f"mask must be a bool tensor of shape {tuple(targets.shape)}")
     return mask
 
@@ -224,7 +230,8 @@ def autograd_reference(model: ElmanLM, x: torch.Tensor, targets: torch.Tensor,
         h0 = x.new_zeros(x.shape[0], model.W_hh.shape[0])
     with torch.enable_grad():
         tr = model.trace(x, h0.detach().requires_grad_())
-        nll = [F.cross_entropy(tr.z[:, t], targets[:, t], reduction="none") * mask[:, t] for t in range(x.shape[1])]
+        nll = [F.cross_entropy(tr.z[:, t], targets[:, t], reduction="none") * mask[:, t]
+               for t in range(x.shape[1])]
         loss = torch.stack(nll).sum()
         params = (model.W_ho, model.b_o, model.W_xh, model.W_hh, model.b_h)
         # z_t reaches L only through ℓ_t, so ∇ of the stacked z is (i) at every t at once
@@ -241,13 +248,14 @@ def autograd_reference(model: ElmanLM, x: torch.Tensor, targets: torch.Tensor,
                     for i in range(tr.h[t].shape[1])]
             jac.append(torch.stack(rows, dim=1))  # (B, H, H)
     w_ho, b_o, w_xh, w_hh, b_h = out[1 + 2 * n:]
-    grads = Gradients(loss=loss.detach(), dz=dz, delta=delta, s=s, r=r, W_ho=w_ho, b_o=b_o, W_xh=w_xh,
-                      W_hh=w_hh, b_h=b_h)
+    grads = Gradients(loss=loss.detach(), dz=dz, delta=delta, s=s, r=r, W_ho=w_ho, b_o=b_o,
+                      W_xh=w_xh, W_hh=w_hh, b_h=b_h)
     return grads, torch.stack(jac, dim=1)
 
 
 def relative_error(hand: torch.Tensor, reference: torch.Tensor) -> float:
-    """max |hand - reference| / max |reference| (the absolute error where the reference is all 0)."""
+    """max |hand - reference| / max |reference| (the absolute error where the reference is all
+    0)."""
     err = (hand - reference).abs().max().item()
     scale = reference.abs().max().item()
     return err / scale if scale > 0 else err
@@ -287,8 +295,8 @@ def train_lm(model: ElmanLM, tokens: torch.Tensor, mask: torch.Tensor, steps: in
     """Train on token rows with the hand-derived gradients of :func:`bptt` and Adam; a plain loop.
 
     Args:
-        tokens: (N, T) training sequences (BOS first); inputs are tokens[:, :-1], targets tokens[:, 1:].
-        mask: (N, T - 1) bool, the real predictions (``autoregressive.prediction_mask``).
+        tokens: (N, T) training sequences (BOS first); inputs are tokens[:, :-1], targets tokens[:,
+        1:]. mask: (N, T - 1) bool, the real predictions (``autoregressive.prediction_mask``).
         steps, batch_size, lr: the optimisation; rows are drawn with ``generator``.
         progress: optional wrapper for the step iterator (e.g. ``halluc_lab.progress.progress``).
 
@@ -312,11 +320,13 @@ def train_lm(model: ElmanLM, tokens: torch.Tensor, mask: torch.Tensor, steps: in
         batch, m = tokens[rows], mask[rows]  # (b, T), (b, T-1)
         width = int(m.any(dim=0).nonzero().max()) + 1  # drop columns that are padding in every row
         batch, m = batch[:, :width + 1], m[:, :width]
-        x, targets = eye[batch[:, :-1]], batch[:, 1:]  # one-hot inputs (b, T-1, R), targets (b, T-1)
+        # one-hot inputs (b, T-1, R), targets (b, T-1)
+        x, targets = eye[batch[:, :-1]], batch[:, 1:]
         n_tok = m.sum().clamp_min(1)
         g = bptt(model, x, targets, m)
         losses.append(float(g.loss / n_tok))
         for name, param in model.named_parameters():  # W_xh, W_hh, b_h, W_ho, b_o
-            param.grad = getattr(g, name) / n_tok  # the mean loss: the sum's gradient over the count
+            # the mean loss: the sum's gradient over the count
+            param.grad = getattr(g, name) / n_tok
         opt.step()
     return losses

@@ -6,8 +6,8 @@ bringing order to the web", Stanford tech. report) and Mihalcea & Tarau 2004 ("T
 order into texts", EMNLP), whose weighted form this is. Numpy float64 throughout; a graph is a
 dense (N, N) weight matrix with weights[i, j] the weight of the edge i → j.
 
-PageRank. Row-normalising the weights gives the transition matrix P (P[i, j] = w[i, j] / Σ_k w[i, k]);
-the rank r (sum 1) is the fixed point of
+PageRank. Row-normalising the weights gives the transition matrix P (P[i, j] = w[i, j] / Σ_k w[i,
+k]); the rank r (sum 1) is the fixed point of
 
     r = d · (Pᵀ r + u · Σ_{dangling i} r_i) + (1 − d) · u,      u = (1/N, ..., 1/N),
 
@@ -144,7 +144,8 @@ def pagerank(weights: np.ndarray, damping: float = 0.85, tol: float = 1e-10,
 
 
 def _documents(documents: Sequence[str | Sequence[Hashable]]) -> list[list[Hashable]]:
-    """Each document's tokens (a string is split on whitespace), or a ValueError for a bad corpus."""
+    """Each document's tokens (a string is split on whitespace), or a ValueError for a bad
+    corpus."""
     if isinstance(documents, str) or len(documents) == 0:
         what = "a single string" if isinstance(documents, str) else "an empty sequence"
         raise ValueError(f"documents must be a non-empty sequence of documents, got {what}")
@@ -152,14 +153,15 @@ def _documents(documents: Sequence[str | Sequence[Hashable]]) -> list[list[Hasha
 
 
 def cooccurrence_graph(documents: Sequence[str | Sequence[Hashable]], window: int = 2,
-                       vocabulary: Sequence[Hashable] | None = None) -> tuple[list[Hashable], np.ndarray]:
+                       vocabulary: Sequence[Hashable] | None = None
+                       ) -> tuple[list[Hashable], np.ndarray]:
     """The undirected word graph of TextRank: (words, weights (V, V)), weights symmetric counts.
 
     Each document is a list of tokens or a whitespace-separated string. Tokens not in
-    ``vocabulary`` are dropped first; the remaining tokens at positions s < t with t − s < ``window``
-    add 1 to weights[a, b] and weights[b, a] (a ≠ b). ``words`` is ``vocabulary`` in its order, or
-    by default the sorted set of tokens. Example: ``cooccurrence_graph(["a b a"])`` →
-    (["a", "b"], [[0, 2], [2, 0]]).
+    ``vocabulary`` are dropped first; the remaining tokens at positions s < t with
+    t − s < ``window`` add 1 to weights[a, b] and weights[b, a] (a ≠ b). ``words`` is ``vocabulary``
+    in its order, or by default the sorted set of tokens. Example:
+    ``cooccurrence_graph(["a b a"])`` → (["a", "b"], [[0, 2], [2, 0]]).
     """
     docs = _documents(documents)
     if isinstance(window, bool) or not isinstance(window, (int, np.integer)) or window < 2:
@@ -171,14 +173,17 @@ def cooccurrence_graph(documents: Sequence[str | Sequence[Hashable]], window: in
         if len(set(words)) != len(words):
             raise ValueError("vocabulary lists a word twice")
     known = set(words)
-    # lexical's forward counts (y within window − 1 tokens after x), made symmetric, without self-links
-    forward = cooccurrence_counts([[t for t in doc if t in known] for doc in docs], words, window=window - 1)
+    # lexical's forward counts (y within window − 1 tokens after x), made symmetric, without
+    # self-links
+    forward = cooccurrence_counts([[t for t in doc if t in known] for doc in docs], words,
+                                  window=window - 1)
     weights = (forward + forward.T).astype(np.float64)
     np.fill_diagonal(weights, 0.0)
     return words, weights
 
 
-def keywords(documents: Sequence[str | Sequence[Hashable]], k: int, window: int = 2, damping: float = 0.85,
+def keywords(documents: Sequence[str | Sequence[Hashable]], k: int, window: int = 2,
+             damping: float = 0.85,
              stopwords: Iterable[Hashable] = ()) -> list[tuple[Hashable, float]]:
     """The k best keywords as (word, PageRank score), highest first (Mihalcea & Tarau 2004).
 

@@ -2,7 +2,8 @@
 
 Chapter 3. Sources: 000 §4.2 (beam search with a length term), §6.1 (the generation loop);
 003 §1 (greedy and beam search). The decoding rules these loops call (greedy, top-k, top-p,
-sampling) are :mod:`halluc_lab.generation.sampling`; the cached, batched loop is :mod:`halluc_lab.generation.engine`.
+sampling) are :mod:`halluc_lab.generation.sampling`; the cached, batched loop is
+:mod:`halluc_lab.generation.engine`.
 
 Where this departs from the documents: the beam-search score is 000 §4.2's sum of log-probs plus
 λ·len, an additive length bonus (not a division by the length); a hypothesis that has emitted EOS
@@ -27,7 +28,8 @@ Step = Callable[[torch.Tensor], torch.Tensor]  # (N, t) token ids -> (N, V) next
 
 def _call_step(step: Step, tokens: torch.Tensor) -> torch.Tensor:
     logits = step(tokens)  # (N, V)
-    if not isinstance(logits, torch.Tensor) or logits.dim() != 2 or logits.shape[0] != tokens.shape[0]:
+    if (not isinstance(logits, torch.Tensor) or logits.dim() != 2
+            or logits.shape[0] != tokens.shape[0]):
         shape = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
         raise ValueError(f"step must map tokens (N, t) to logits (N, V); got {shape} for N = "
                          f"{tokens.shape[0]}")
@@ -36,10 +38,12 @@ def _call_step(step: Step, tokens: torch.Tensor) -> torch.Tensor:
 
 def _check_prompt(prompt: torch.Tensor) -> torch.Tensor:
     """A (T0,) or (N, T0) int64 prompt as (N, T0)."""
-    if not isinstance(prompt, torch.Tensor) or prompt.dtype != torch.long or prompt.dim() not in (1, 2):
+    if (not isinstance(prompt, torch.Tensor) or prompt.dtype != torch.long
+            or prompt.dim() not in (1, 2)):
         raise ValueError("prompt must be an int64 tensor of shape (T0,) or (N, T0)")
     if 0 in prompt.shape:  # the step would see no token to condition on
-        raise ValueError(f"prompt must have N >= 1 rows of T0 >= 1 tokens, got shape {tuple(prompt.shape)}")
+        raise ValueError("prompt must have N >= 1 rows of T0 >= 1 tokens, got shape "
+                         f"{tuple(prompt.shape)}")
     return prompt if prompt.dim() == 2 else prompt[None]
 
 
@@ -114,7 +118,8 @@ def beam_search(step: Step, prompt: torch.Tensor, beam_width: int, max_new_token
     tokens = _check_prompt(prompt)  # (N, T0)
     _check_count(beam_width, "beam_width", 1)
     _check_count(max_new_tokens, "max_new_tokens", 0)
-    if isinstance(length_bonus, bool) or not isinstance(length_bonus, Real) or not math.isfinite(length_bonus):
+    if (isinstance(length_bonus, bool) or not isinstance(length_bonus, Real)
+            or not math.isfinite(length_bonus)):
         raise ValueError(f"length_bonus must be a finite number, got {length_bonus!r}")
     N, B = tokens.shape[0], beam_width
     tokens = tokens.repeat_interleave(B, dim=0)  # (N·B, T0)
@@ -237,7 +242,8 @@ def _ngram_ids(tokens: torch.Tensor, n: int) -> torch.Tensor:
     if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2 or tokens.dtype != torch.long:
         raise ValueError("tokens must be an int64 tensor of shape (S, L)")
     if 0 in tokens.shape:  # no sequence, or no n-gram, to average over
-        raise ValueError(f"tokens must hold S >= 1 sequences of L >= 1 tokens, got shape {tuple(tokens.shape)}")
+        raise ValueError("tokens must hold S >= 1 sequences of L >= 1 tokens, got shape "
+                         f"{tuple(tokens.shape)}")
     if tokens.numel() and int(tokens.min()) < 0:
         raise ValueError("tokens must be token ids in [0, inf)")
     _check_count(n, "n", 1)
@@ -245,14 +251,16 @@ def _ngram_ids(tokens: torch.Tensor, n: int) -> torch.Tensor:
         raise ValueError(f"n must be in [1, L = {tokens.shape[1]}], got {n}")
     base = int(tokens.max()) + 1
     if base ** n >= 2 ** 62:
-        raise ValueError(f"n = {n} with {base} token ids overflows int64 n-gram codes; use a smaller n")
+        raise ValueError(f"n = {n} with {base} token ids overflows int64 n-gram codes; "
+                         "use a smaller n")
     windows = tokens.unfold(1, n, 1)  # (S, L - n + 1, n)
     weights = base ** torch.arange(n, device=tokens.device)  # (n,)
     return (windows * weights).sum(-1)
 
 
 def repetition_rate(tokens: torch.Tensor, n: int = 2) -> float:
-    """Mean over (S, L) sequences of 1 − distinct n-grams / n-grams (seq-rep-n of Welleck et al. 2020)."""
+    """Mean over (S, L) sequences of 1 − distinct n-grams / n-grams (seq-rep-n of Welleck
+    et al. 2020)."""
     ids = _ngram_ids(tokens, n).sort(dim=1).values  # (S, M)
     distinct = 1 + (ids[:, 1:] != ids[:, :-1]).sum(dim=1)  # (S,)
     return float((1 - distinct.double() / ids.shape[1]).mean())

@@ -1,4 +1,5 @@
-"""Argument checks of the generation engine (:mod:`halluc_lab.generation.engine`, chapter 6 of the book).
+"""Argument checks of the generation engine (:mod:`halluc_lab.generation.engine_core`, chapter 6 of
+the book).
 
 Bad input gets a clear error naming the argument and the allowed range (ARCHITECTURE.md §10), before
 the engine changes anything: a raw ``IndexError`` from an embedding, or a token silently clamped, is
@@ -19,7 +20,8 @@ from collections.abc import Iterable, Mapping, Sequence
 import torch
 
 Tensor = torch.Tensor
-MAX_STOP_TOKENS = 16  # stop tokens live in a fixed-size device buffer, so graphs need not change with them
+# stop tokens live in a fixed-size device buffer, so graphs need not change with them
+MAX_STOP_TOKENS = 16
 
 
 def is_int(value: object) -> bool:
@@ -38,7 +40,8 @@ def prompt_lists(prompts: Sequence[Sequence[int]] | Tensor) -> list[list[int]]:
     one = "for one prompt pass [prompt] (or prompt[None] for a tensor)"
     if isinstance(prompts, Tensor):
         if prompts.ndim != 2:
-            raise ValueError(f"prompts must be a 2-D (N, T) tensor or a list of prompts, got a tensor of shape "
+            raise ValueError("prompts must be a 2-D (N, T) tensor or a list of prompts, got a "
+                             "tensor of shape "
                              f"{tuple(prompts.shape)}; {one}")
         return prompts.tolist()
     if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Iterable):
@@ -49,7 +52,8 @@ def prompt_lists(prompts: Sequence[Sequence[int]] | Tensor) -> list[list[int]]:
         if isinstance(p, Tensor) and p.ndim == 1:
             p = p.tolist()
         elif isinstance(p, (str, bytes, Tensor)) or not isinstance(p, Iterable):
-            raise ValueError(f"prompts must be a list of prompts, each a list of token ids; found {p!r} where a "
+            raise ValueError("prompts must be a list of prompts, each a list of token ids; found "
+                             f"{p!r} where a "
                              f"prompt was expected: {one}")
         out.append(list(p))
     return out
@@ -78,8 +82,8 @@ def check_context(prompts: list[list[int]], max_new_tokens: int, context: int | 
 
 
 def check_engine(model, max_positions: int, cuda_graph: bool | None, fused: bool) -> bool:
-    """:class:`~halluc_lab.generation.engine.Engine`'s options, checked before its cache is allocated;
-    returns whether it captures CUDA graphs (default: on a CUDA device)."""
+    """:class:`~halluc_lab.generation.engine_core.Engine`'s options, checked before its cache is
+    allocated; returns whether it captures CUDA graphs (default: on a CUDA device)."""
     device = model.embed_tokens.weight.device
     use_graph = (device.type == "cuda") if cuda_graph is None else bool(cuda_graph)
     if use_graph and device.type != "cuda":
@@ -112,9 +116,10 @@ def check_finite(lengths: Tensor, nonfinite: Tensor) -> int:
     return longest
 
 
-def check_start(prompts: Sequence[Sequence[int]] | Tensor, max_new_tokens: int, params, stop_tokens: Sequence[int],
-                generator: torch.Generator | None, n_samples: int, *, batch_size: int, max_positions: int,
-                vocab_size: int, device: torch.device) -> list[list[int]]:
+def check_start(prompts: Sequence[Sequence[int]] | Tensor, max_new_tokens: int, params,
+                stop_tokens: Sequence[int], generator: torch.Generator | None, n_samples: int, *,
+                batch_size: int, max_positions: int, vocab_size: int,
+                device: torch.device) -> list[list[int]]:
     """Check :meth:`Engine.start`'s arguments; return the prompts as lists of ints."""
     B, T, V = batch_size, max_positions, vocab_size
     prompts = prompt_lists(prompts)
@@ -122,16 +127,19 @@ def check_start(prompts: Sequence[Sequence[int]] | Tensor, max_new_tokens: int, 
     check_count("n_samples", n_samples, " (samples per prompt)")
     N = len(prompts) * n_samples
     if not 1 <= N <= B:
-        raise ValueError(f"the engine has {B} rows; got {len(prompts)} prompts × n_samples={n_samples} = {N} rows "
+        raise ValueError(f"the engine has {B} rows; got {len(prompts)} prompts × "
+                         f"n_samples={n_samples} = {N} rows "
                          f"(allowed 1 to {B})")
     for b, p in enumerate(prompts):
         if not p:
             raise ValueError(f"prompt {b} is empty; every prompt needs at least one token")
         bad = next((t for t in p if not is_int(t) or not 0 <= t < V), None)
         if bad is not None:
-            raise ValueError(f"prompt {b} holds {bad!r}, a token outside [0, {V - 1}] (prompts hold int token ids)")
+            raise ValueError(f"prompt {b} holds {bad!r}, a token outside [0, {V - 1}] (prompts "
+                             "hold int token ids)")
         if len(p) + max_new_tokens > T:
-            raise ValueError(f"prompt {b} ({len(p)} tokens) + max_new_tokens ({max_new_tokens}) is longer than "
+            raise ValueError(f"prompt {b} ({len(p)} tokens) + max_new_tokens ({max_new_tokens}) is "
+                             "longer than "
                              f"the cache ({T} positions)")
     stop_tokens = list(stop_tokens)
     if len(stop_tokens) > MAX_STOP_TOKENS:
@@ -139,13 +147,16 @@ def check_start(prompts: Sequence[Sequence[int]] | Tensor, max_new_tokens: int, 
     for t in stop_tokens:
         if not is_int(t) or not 0 <= t < V:
             raise ValueError(f"unknown stop token {t!r}: stop tokens must be ids in [0, {V - 1}]")
-    if generator is not None and (not isinstance(generator, torch.Generator) or generator.device.type != device.type):
-        raise ValueError(f"generator must be a torch.Generator on {device.type} (the model's device)")
+    if generator is not None and (not isinstance(generator, torch.Generator)
+                                  or generator.device.type != device.type):
+        raise ValueError(f"generator must be a torch.Generator on {device.type} (the "
+                         "model's device)")
     return prompts
 
 
 def check_force(force: Mapping[int, int], n_rows: int, vocab_size: int) -> None:
-    """``force`` maps rows in ``[0, n_rows)`` to ids in ``[0, vocab_size)``: TypeError if not ints, else ValueError."""
+    """``force`` maps rows in ``[0, n_rows)`` to ids in ``[0, vocab_size)``: TypeError if not ints,
+    else ValueError."""
     if not isinstance(force, Mapping):
         raise TypeError(f"force must be a mapping {{row: token id}}, got {type(force).__name__}")
     for r, t in force.items():
@@ -154,6 +165,7 @@ def check_force(force: Mapping[int, int], n_rows: int, vocab_size: int) -> None:
         if not 0 <= r < n_rows:
             raise ValueError(f"forced row must be an int in [0, {n_rows - 1}], got {r!r}")
         if not is_int(t):
-            raise TypeError(f"forced token for row {r} must be an int token id, got {t!r} ({type(t).__name__})")
+            raise TypeError(f"forced token for row {r} must be an int token id, got {t!r} "
+                            f"({type(t).__name__})")
         if not 0 <= t < vocab_size:
             raise ValueError(f"forced token must be an id in [0, {vocab_size - 1}], got {t!r}")

@@ -3,15 +3,16 @@
 Chapter 3 (softmax, temperature and decoding). Sources: 000 §2.3 (Definition 2), §2.4
 (temperature, Proposition 1), §4.1–4.5 (greedy, beam search with a length term, sampling,
 Definitions 6 and 7); 001 Part 3 eq. (10) and remark (iv); 002 "Sampling Strategies"; 003 §1
-(greedy). The generation loop and beam search that use these rules are :mod:`halluc_lab.generation.decoding`.
+(greedy). The generation loop and beam search that use these rules are
+:mod:`halluc_lab.generation.decoding`.
 
 Every function takes logits of shape (..., V) and works over any leading dimensions. The
 per-row knobs (``temperature``, ``k``, ``p``) are a Python number or a tensor of shape (...)
 holding one value per row. ``validate=True`` checks tensor *values* (NaN, +inf, a row with no
 finite logit, per-row knobs out of range), which waits for the device; the generation engine
 passes ``validate=False`` inside a CUDA graph, and then nothing here synchronises with the host:
-no ``.item()``, no branching on tensor values, no data-dependent shapes. :class:`SamplingParams` names one
-setting of the rules (the engine keeps a captured step per setting).
+no ``.item()``, no branching on tensor values, no data-dependent shapes. :class:`SamplingParams`
+names one setting of the rules (the engine keeps a captured step per setting).
 
 Where this departs from the documents (the chapter shows each):
 
@@ -56,15 +57,18 @@ MAX_TEMPERATURE = torch.finfo(torch.float32).max  # the largest: beyond it float
 def _check_logits(logits: torch.Tensor, validate: bool, name: str = "logits") -> None:
     """Shape and dtype always; values (NaN, +inf, all -inf rows) only when ``validate``."""
     if not isinstance(logits, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor of shape (..., V), got {type(logits).__name__}")
+        raise TypeError(f"{name} must be a torch.Tensor of shape (..., V), got "
+                        f"{type(logits).__name__}")
     if not logits.is_floating_point():
         raise TypeError(f"{name} must be a floating-point tensor, got {logits.dtype}")
     if logits.dim() < 1 or logits.shape[-1] < 1:
         raise ValueError(f"{name} must have shape (..., V) with V >= 1, got {tuple(logits.shape)}")
     if not validate or logits.numel() == 0:
         return
-    checks = [torch.isnan(logits).any(), (logits == math.inf).any(), (logits == -math.inf).all(dim=-1).any()]
-    has_nan, has_posinf, has_empty_row = torch.stack(checks).tolist()  # one wait for the device, not three
+    checks = [torch.isnan(logits).any(), (logits == math.inf).any(),
+              (logits == -math.inf).all(dim=-1).any()]
+    # one wait for the device, not three
+    has_nan, has_posinf, has_empty_row = torch.stack(checks).tolist()
     if has_nan:
         raise ValueError(f"{name} contain NaN; allowed: finite values or -inf")
     if has_posinf:
@@ -133,7 +137,8 @@ def _scaled(logits: torch.Tensor, tau: Param) -> torch.Tensor:
 
 # --- softmax, temperature, entropy (000 §2.3–2.4, 001 eq. 10) ----------------------------------
 
-def log_softmax(logits: torch.Tensor, temperature: Param = 1.0, *, validate: bool = True) -> torch.Tensor:
+def log_softmax(logits: torch.Tensor, temperature: Param = 1.0, *,
+                validate: bool = True) -> torch.Tensor:
     """log p^τ(v) = z_v/τ − log Σ_v' exp(z_v'/τ) along the last dimension (000 Definition 2).
 
     Args:
@@ -154,7 +159,8 @@ def log_softmax(logits: torch.Tensor, temperature: Param = 1.0, *, validate: boo
     return shifted - shifted.exp().sum(dim=-1, keepdim=True).log()
 
 
-def softmax(logits: torch.Tensor, temperature: Param = 1.0, *, validate: bool = True) -> torch.Tensor:
+def softmax(logits: torch.Tensor, temperature: Param = 1.0, *,
+            validate: bool = True) -> torch.Tensor:
     """p^τ(v) = exp(z_v/τ) / Σ_v' exp(z_v'/τ) along the last dimension (000 eq. in §2.4).
 
     Example:
@@ -196,7 +202,8 @@ def _keep_sorted(logits: torch.Tensor,
     return logits.masked_fill(~keep, -math.inf)
 
 
-def top_k_filter(logits: torch.Tensor, k: int | torch.Tensor, *, validate: bool = True) -> torch.Tensor:
+def top_k_filter(logits: torch.Tensor, k: int | torch.Tensor, *,
+                 validate: bool = True) -> torch.Tensor:
     """Keep the k largest logits of each row, set the rest to -inf (000 Definition 6).
 
     Args:
@@ -217,7 +224,8 @@ def top_k_filter(logits: torch.Tensor, k: int | torch.Tensor, *, validate: bool 
     return _keep_sorted(logits, lambda sorted_logits, order: rank < k)
 
 
-def top_p_filter(logits: torch.Tensor, p: float | torch.Tensor, *, validate: bool = True) -> torch.Tensor:
+def top_p_filter(logits: torch.Tensor, p: float | torch.Tensor, *,
+                 validate: bool = True) -> torch.Tensor:
     """Keep the smallest set of top tokens whose probability reaches p; the rest become -inf.
 
     000 Definition 7: tokens are added in decreasing probability until their mass is ≥ p, so the
@@ -239,18 +247,23 @@ def top_p_filter(logits: torch.Tensor, p: float | torch.Tensor, *, validate: boo
     p = _top_p(p, logits, validate)
 
     def keep(sorted_logits: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
-        probs = torch.softmax(_work(sorted_logits), dim=-1)  # (..., V), decreasing; as sample() computes it
+        # (..., V), decreasing; as sample() computes it
+        probs = torch.softmax(_work(sorted_logits), dim=-1)
         cumulative = probs.cumsum(dim=-1)  # (..., V)
-        mass_above = torch.cat([torch.zeros_like(cumulative[..., :1]), cumulative[..., :-1]], dim=-1)
+        mass_above = torch.cat([torch.zeros_like(cumulative[..., :1]), cumulative[..., :-1]],
+                               dim=-1)
         # p = 1 keeps all, even where rounding makes the mass above the last token reach 1.
         return (mass_above < p) | (p >= 1)
 
     return _keep_sorted(logits, keep)
 
 
-def filter_logits(logits: torch.Tensor, temperature: Param = 1.0, top_k: int | torch.Tensor | None = None,
-                  top_p: float | torch.Tensor | None = None, *, validate: bool = True) -> torch.Tensor:
-    """The logits that :func:`sample` draws from: z/τ, then top-k, then top-p (Hugging Face's order).
+def filter_logits(logits: torch.Tensor, temperature: Param = 1.0,
+                  top_k: int | torch.Tensor | None = None,
+                  top_p: float | torch.Tensor | None = None, *,
+                  validate: bool = True) -> torch.Tensor:
+    """The logits that :func:`sample` draws from: z/τ, then top-k, then top-p (Hugging Face's
+    order).
 
     Returns (..., V) in float32 or float64, shifted so that each row's largest entry is 0 (which
     keeps huge logits at a small τ finite); ``softmax`` of it is the sampling distribution.
@@ -264,10 +277,13 @@ def filter_logits(logits: torch.Tensor, temperature: Param = 1.0, top_k: int | t
     return z
 
 
-def gumbel_max_sample(logits: torch.Tensor, temperature: Param = 1.0, top_k: int | torch.Tensor | None = None,
-                      top_p: float | torch.Tensor | None = None, generator: torch.Generator | None = None, *,
+def gumbel_max_sample(logits: torch.Tensor, temperature: Param = 1.0,
+                      top_k: int | torch.Tensor | None = None,
+                      top_p: float | torch.Tensor | None = None,
+                      generator: torch.Generator | None = None, *,
                       validate: bool = True) -> torch.Tensor:
-    """The definition of :func:`sample` (same arguments and distribution, other draws): Gumbel-max."""
+    """The definition of :func:`sample` (same arguments and distribution, other draws):
+    Gumbel-max."""
     z = filter_logits(logits, temperature, top_k, top_p, validate=validate)  # (..., V)
     # Gumbel-max: argmax_v (log p_v + G_v) with G_v = -log(-log U_v) i.i.d. is distributed as p.
     # log p_v and z_v differ by a per-row constant, which the argmax ignores.
@@ -280,15 +296,17 @@ def gumbel_max_sample(logits: torch.Tensor, temperature: Param = 1.0, top_k: int
 def _ranked_probs(logits: torch.Tensor, temperature: Param, top_k: int | torch.Tensor | None,
                   top_p: float | torch.Tensor | None, validate: bool
                   ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """What :func:`sample` draws from: rank r (token ``order[..., r]``, or token r if ``order`` is None)
-    has probability ``probs[..., r]`` (..., W) within the top-k set, and top-p drops rank r + 1 where
-    ``drop[..., r]`` (..., W - 1) (None: drops nothing). Fixed shapes, no host sync."""
+    """What :func:`sample` draws from: rank r (token ``order[..., r]``, or token r if ``order`` is
+    None) has probability ``probs[..., r]`` (..., W) within the top-k set, and top-p drops rank
+    r + 1 where ``drop[..., r]`` (..., W - 1) (None: drops nothing). Fixed shapes, no host sync."""
     _check_logits(logits, validate)
     tau = _temperature(temperature, logits, validate)
     k = None if top_k is None else _top_k(top_k, logits, validate)
     p = None if top_p is None else _top_p(top_p, logits, validate)
-    V, fixed_k, fixed_p = logits.shape[-1], not isinstance(k, torch.Tensor), not isinstance(p, torch.Tensor)
-    k = None if fixed_k and k is not None and k >= V else k  # filters that keep every token cost nothing
+    V = logits.shape[-1]
+    fixed_k, fixed_p = not isinstance(k, torch.Tensor), not isinstance(p, torch.Tensor)
+    # filters that keep every token cost nothing
+    k = None if fixed_k and k is not None and k >= V else k
     p = None if fixed_p and p is not None and p >= 1 else p
     # At τ = 1 softmax's own shift by the row maximum gives _scaled's bits, with one kernel less.
     z = _work(logits) if _is_one(tau) else _scaled(logits, tau)  # (..., V)
@@ -329,12 +347,14 @@ def sample(logits: torch.Tensor, temperature: Param = 1.0, top_k: int | torch.Te
         torch.Size([4])
     """
     probs, drop, order = _ranked_probs(logits, temperature, top_k, top_p, validate)  # (..., W)
-    # The exponential race: for E_r ~ Exp(1) i.i.d., E_r / p_r ~ Exp(p_r), and the least of independent
-    # exponentials is the r-th with probability p_r / Σ p (the chapter's proof of Gumbel-max, whose noise
-    # is -log E): the least E / p samples the kept ranks in proportion to p, unrenormalised. E = -log U,
-    # U on [tiny, 1) (gumbel_max_sample's clamped U, in one kernel), is finite and > 0, so p / log U is
-    # ≤ 0, never NaN; its argmin wins, and a dropped rank set to 0 never does (rank 0 is kept, < 0).
-    u = torch.empty_like(probs).uniform_(torch.finfo(probs.dtype).tiny, 1.0, generator=generator)  # (..., W)
+    # The exponential race: for E_r ~ Exp(1) i.i.d., E_r / p_r ~ Exp(p_r), and the least of
+    # independent exponentials is the r-th with probability p_r / Σ p (the chapter's proof of
+    # Gumbel-max, whose noise is -log E): the least E / p samples the kept ranks in proportion to p,
+    # unrenormalised. E = -log U, U on [tiny, 1) (gumbel_max_sample's clamped U, in one kernel), is
+    # finite and > 0, so p / log U is ≤ 0, never NaN; its argmin wins, and a dropped rank set to 0
+    # never does (rank 0 is kept, < 0).
+    # (..., W)
+    u = torch.empty_like(probs).uniform_(torch.finfo(probs.dtype).tiny, 1.0, generator=generator)
     race = probs / u.log_()  # (..., W)
     if drop is not None:
         race[..., 1:].masked_fill_(drop, 0.0)
@@ -349,7 +369,8 @@ class ConflictingSamplingParams(ValueError):
 @dataclass(frozen=True)
 class SamplingParams:
     """How the next token is chosen (000 §4, 001 eq. 10): the one object that carries these knobs
-    from a notebook through :mod:`halluc_lab.evaluation.evaluate` and the RL loops down to the engine.
+    from a notebook through :mod:`halluc_lab.evaluation.evaluate` and the RL loops down to the
+    engine.
 
     Checked when made: a bad knob raises ValueError/TypeError naming it, and ``greedy=True`` with a
     temperature other than 1, a ``top_k`` or a ``top_p`` raises :class:`ConflictingSamplingParams`

@@ -37,7 +37,8 @@ from halluc_lab.model.positional import apply_rope
 Tensor = torch.Tensor
 
 
-def causal_mask(T_q: int, T_k: int | None = None, *, device: torch.device | str | None = None) -> Tensor:
+def causal_mask(T_q: int, T_k: int | None = None, *,
+                device: torch.device | str | None = None) -> Tensor:
     """Boolean causal mask, True where a query may attend to a key (000 §3.3, 004 §5.1.2).
 
     With ``T_k > T_q`` the queries are the *last* ``T_q`` of ``T_k`` positions (decoding with a
@@ -53,7 +54,8 @@ def causal_mask(T_q: int, T_k: int | None = None, *, device: torch.device | str 
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"{name} must be a positive int, got {value!r}")
     if T_k < T_q:
-        raise ValueError(f"T_k must be >= T_q (queries are the last T_q keys), got T_q={T_q}, T_k={T_k}")
+        raise ValueError("T_k must be >= T_q (queries are the last T_q keys), got "
+                         f"T_q={T_q}, T_k={T_k}")
     q_pos = torch.arange(T_k - T_q, T_k, device=device)  # (T_q,) absolute query positions
     k_pos = torch.arange(T_k, device=device)  # (T_k,)
     return k_pos[None, :] <= q_pos[:, None]  # (T_q, T_k)
@@ -61,7 +63,8 @@ def causal_mask(T_q: int, T_k: int | None = None, *, device: torch.device | str 
 
 def _allowed_and_bias(mask: Tensor | None, causal: bool, T_q: int, T_k: int,
                       device: torch.device) -> tuple[Tensor | None, Tensor | None]:
-    """Split a mask into a boolean 'allowed' part (with the causal mask folded in) and an additive part."""
+    """Split a mask into a boolean 'allowed' part (with the causal mask folded in) and an additive
+    part."""
     allowed = causal_mask(T_q, T_k, device=device) if causal else None  # (T_q, T_k)
     bias = None
     if mask is not None:
@@ -82,18 +85,24 @@ def _check_qkv(q: Tensor, k: Tensor, v: Tensor) -> None:
         raise TypeError(f"q, k and v must share one dtype, got {q.dtype}, {k.dtype} and {v.dtype}; "
                         "cast them first (e.g. k.to(q.dtype))")
     if q.ndim < 2 or k.ndim != q.ndim or v.ndim != q.ndim:
-        raise ValueError(f"q, k, v must have the same rank >= 2, got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+        raise ValueError(f"q, k, v must have the same rank >= 2, got {tuple(q.shape)}, "
+                         f"{tuple(k.shape)}, {tuple(v.shape)}")
     if q.shape[-1] != k.shape[-1]:
-        raise ValueError(f"q and k must share the head dimension, got {q.shape[-1]} and {k.shape[-1]}")
+        raise ValueError(f"q and k must share the head dimension, got {q.shape[-1]} and "
+                         f"{k.shape[-1]}")
     if k.shape[-2] != v.shape[-2]:
-        raise ValueError(f"k and v must have the same number of positions, got {k.shape[-2]} and {v.shape[-2]}")
+        raise ValueError(f"k and v must have the same number of positions, got {k.shape[-2]} and "
+                         f"{v.shape[-2]}")
     if k.shape[:-2] != v.shape[:-2]:
-        raise ValueError(f"k and v must share leading (batch, head) dimensions, got {tuple(k.shape)} and {tuple(v.shape)}")
+        raise ValueError("k and v must share leading (batch, head) dimensions, got "
+                         f"{tuple(k.shape)} and {tuple(v.shape)}")
     try:
         torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
     except RuntimeError:
-        raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} leading dimensions do not broadcast; "
-                         "for grouped-query attention expand k and v with repeat_kv first") from None
+        raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} leading dimensions do "
+                         "not broadcast; "
+                         "for grouped-query attention expand k and v with repeat_kv first"
+                         ) from None
 
 
 def _check_scale(scale: float | None) -> None:
@@ -104,7 +113,8 @@ def _check_scale(scale: float | None) -> None:
 
 
 def _check_mask(mask: Tensor | None, q: Tensor, k: Tensor) -> None:
-    """The mask must be bool or float and broadcast to the scores' shape ``(..., T_q, T_k)`` without growing it."""
+    """The mask must be bool or float and broadcast to the scores' shape ``(..., T_q, T_k)`` without
+    growing it."""
     if mask is None:
         return
     if not isinstance(mask, Tensor) or not (mask.dtype == torch.bool or mask.is_floating_point()):
@@ -116,17 +126,19 @@ def _check_mask(mask: Tensor | None, q: Tensor, k: Tensor) -> None:
     except RuntimeError:
         fits = False
     if not fits:
-        raise ValueError(f"mask must broadcast to the scores' shape {scores} (..., T_q, T_k), got {tuple(mask.shape)}")
+        raise ValueError(f"mask must broadcast to the scores' shape {scores} (..., T_q, T_k), got "
+                         f"{tuple(mask.shape)}")
 
 
 def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
-                                 causal: bool = False, *, scale: float | None = None) -> tuple[Tensor, Tensor]:
+                                 causal: bool = False, *,
+                                 scale: float | None = None) -> tuple[Tensor, Tensor]:
     """The readable reference: ``softmax(q kᵀ · scale + mask) v`` (000 Def. 3, 004 §5.1.1).
 
-    Shapes: ``q`` ``(..., T_q, D)``, ``k`` ``(..., T_k, D)``, ``v`` ``(..., T_k, D_v)``; ``mask`` boolean
-    (True = keep) or additive float, broadcastable to ``(..., T_q, T_k)``; ``causal`` adds
-    :func:`causal_mask`. ``scale`` defaults to ``1/√D``. Returns the output ``(..., T_q, D_v)`` and the
-    weights ``(..., T_q, T_k)``. Rows with every key masked get zero weights and zero output.
+    Shapes: ``q`` ``(..., T_q, D)``, ``k`` ``(..., T_k, D)``, ``v`` ``(..., T_k, D_v)``; ``mask``
+    boolean (True = keep) or additive float, broadcastable to ``(..., T_q, T_k)``; ``causal`` adds
+    :func:`causal_mask`. ``scale`` defaults to ``1/√D``. Returns the output ``(..., T_q, D_v)`` and
+    the weights ``(..., T_q, T_k)``. Rows with every key masked get zero weights and zero output.
 
     Example — 001 App. A's toy example (which omits the 1/√d scaling)::
 
@@ -158,15 +170,16 @@ def fused_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
 
     Calls ``torch.nn.functional.scaled_dot_product_attention`` (fused kernels on GPU). Two details
     keep it equal to the reference: PyTorch's ``is_causal`` aligns the mask top-left, so when
-    ``T_q != T_k`` the bottom-right :func:`causal_mask` is passed explicitly; and rows with every key
-    masked are set to zero whatever the kernel returns.
+    ``T_q != T_k`` the bottom-right :func:`causal_mask` is passed explicitly; and rows with every
+    key masked are set to zero whatever the kernel returns.
     """
     _check_qkv(q, k, v)
     _check_mask(mask, q, k)
     _check_scale(scale)
     T_q, T_k = q.shape[-2], k.shape[-2]
     if mask is None and (not causal or T_q == T_k):
-        return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)  # (..., T_q, D_v)
+        # (..., T_q, D_v)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
     allowed, bias = _allowed_and_bias(mask, causal, T_q, T_k, q.device)
     if bias is not None:
         attn_mask = bias.to(q.dtype)
@@ -176,13 +189,16 @@ def fused_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
     else:
         attn_mask = allowed
         live = allowed.any(dim=-1, keepdim=True)  # (..., T_q, 1)
-    attn_mask = attn_mask if attn_mask.ndim >= 2 else attn_mask[None]  # PyTorch's kernel wants (T_q or 1, T_k)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=scale)  # (..., T_q, D_v)
+    # PyTorch's kernel wants (T_q or 1, T_k)
+    attn_mask = attn_mask if attn_mask.ndim >= 2 else attn_mask[None]
+    # (..., T_q, D_v)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=scale)
     return torch.where(live, out, torch.zeros((), dtype=out.dtype, device=out.device))
 
 
 def repeat_kv(x: Tensor, n_rep: int) -> Tensor:
-    """Share each key/value head with ``n_rep`` query heads: ``(B, H_kv, T, D) → (B, H_kv·n_rep, T, D)``.
+    """Share each key/value head with ``n_rep`` query heads:
+    ``(B, H_kv, T, D) → (B, H_kv·n_rep, T, D)``.
 
     Query head ``h`` reads key/value head ``h // n_rep`` (grouped-query attention, 004 §5.2),
     the same order as Hugging Face's ``repeat_kv``.
@@ -203,7 +219,8 @@ class AttentionConfig:
 
     d_model: int  # width of the residual stream the layer reads and writes
     n_heads: int  # number of query heads
-    n_kv_heads: int | None = None  # key/value heads: n_heads = MHA, 1 = MQA, in between = GQA; None = n_heads
+    # key/value heads: n_heads = MHA, 1 = MQA, in between = GQA; None = n_heads
+    n_kv_heads: int | None = None
     head_dim: int | None = None  # per-head width d_h; None = d_model // n_heads (004 §5.1.3)
     fast: bool = True  # use fused_attention (PyTorch's kernel); False = the readable reference
 
@@ -218,9 +235,11 @@ class AttentionConfig:
         if not isinstance(self.fast, bool):
             raise TypeError(f"fast must be a bool, got {type(self.fast).__name__} {self.fast!r}")
         if self.n_kv_heads is not None and self.n_heads % self.n_kv_heads:
-            raise ValueError(f"n_kv_heads must divide n_heads={self.n_heads}, got {self.n_kv_heads}")
+            raise ValueError(f"n_kv_heads must divide n_heads={self.n_heads}, "
+                             f"got {self.n_kv_heads}")
         if self.head_dim is None and self.d_model % self.n_heads:
-            raise ValueError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}; give head_dim")
+            raise ValueError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}; "
+                             "give head_dim")
 
     @property
     def kv_heads(self) -> int:
@@ -255,16 +274,22 @@ class MultiHeadAttention(nn.Module):
         super().__init__()
         self.config = config
         c = config
-        self.q_proj = nn.Linear(c.d_model, c.n_heads * c.dim, bias=False)  # W_Q for all heads at once
-        self.k_proj = nn.Linear(c.d_model, c.kv_heads * c.dim, bias=False)  # W_K, one block per KV head
-        self.v_proj = nn.Linear(c.d_model, c.kv_heads * c.dim, bias=False)  # W_V, one block per KV head
-        self.o_proj = nn.Linear(c.n_heads * c.dim, c.d_model, bias=False)  # W_O after concatenating heads
+        # W_Q for all heads at once
+        self.q_proj = nn.Linear(c.d_model, c.n_heads * c.dim, bias=False)
+        # W_K, one block per KV head
+        self.k_proj = nn.Linear(c.d_model, c.kv_heads * c.dim, bias=False)
+        # W_V, one block per KV head
+        self.v_proj = nn.Linear(c.d_model, c.kv_heads * c.dim, bias=False)
+        # W_O after concatenating heads
+        self.o_proj = nn.Linear(c.n_heads * c.dim, c.d_model, bias=False)
 
     def project(self, x: Tensor, cos: Tensor | None = None,
                 sin: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
-        """Queries ``(B, H, T, D)``, keys and values ``(B, H_kv, T, D)``, rotated by RoPE if cos/sin given."""
+        """Queries ``(B, H, T, D)``, keys and values ``(B, H_kv, T, D)``, rotated by RoPE if cos/sin
+        given."""
         if x.ndim != 3 or x.shape[-1] != self.config.d_model:
-            raise ValueError(f"x must have shape (B, T, {self.config.d_model}), got {tuple(x.shape)}")
+            raise ValueError(f"x must have shape (B, T, {self.config.d_model}), got "
+                             f"{tuple(x.shape)}")
         if (cos is None) != (sin is None):
             raise ValueError("cos and sin must be given together")
         B, T, _ = x.shape
@@ -273,12 +298,14 @@ class MultiHeadAttention(nn.Module):
         k = self.k_proj(x).view(B, T, c.kv_heads, c.dim).transpose(1, 2)  # (B, H_kv, T, D)
         v = self.v_proj(x).view(B, T, c.kv_heads, c.dim).transpose(1, 2)  # (B, H_kv, T, D)
         if cos is not None:
-            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)  # RoPE on q and k only (004 §7.3)
+            # RoPE on q and k only (004 §7.3)
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         return q, k, v
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, causal: bool = True,
-               need_weights: bool = False) -> Tensor | tuple[Tensor, Tensor]:
-        """Attention over (possibly cached) keys and values, heads merged and projected: ``(B, T_q, d_model)``."""
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
+               causal: bool = True, need_weights: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+        """Attention over (possibly cached) keys and values, heads merged and projected:
+        ``(B, T_q, d_model)``."""
         n_rep = self.config.n_heads // self.config.kv_heads
         k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)  # (B, H, T_k, D)
         if need_weights or not self.config.fast:
@@ -286,12 +313,14 @@ class MultiHeadAttention(nn.Module):
         else:
             out, weights = fused_attention(q, k, v, mask, causal), None  # (B, H, T_q, D)
         B, H, T_q, D = out.shape
-        y = self.o_proj(out.transpose(1, 2).reshape(B, T_q, H * D))  # concat heads, then W_O: (B, T_q, d_model)
+        # concat heads, then W_O: (B, T_q, d_model)
+        y = self.o_proj(out.transpose(1, 2).reshape(B, T_q, H * D))
         return (y, weights) if need_weights else y
 
     def forward(self, x: Tensor, cos: Tensor | None = None, sin: Tensor | None = None, *,
                 mask: Tensor | None = None, causal: bool = True,
                 need_weights: bool = False) -> Tensor | tuple[Tensor, Tensor]:
-        """Self-attention of ``x`` ``(B, T, d_model)``; with ``need_weights`` also the ``(B, H, T, T)`` weights."""
+        """Self-attention of ``x`` ``(B, T, d_model)``; with ``need_weights`` also the
+        ``(B, H, T, T)`` weights."""
         q, k, v = self.project(x, cos, sin)
         return self.attend(q, k, v, mask, causal, need_weights)

@@ -21,8 +21,9 @@ Where the code departs from the documents:
   follows HF (high frequencies kept, low ones interpolated, a ramp that is linear in the plane
   index between HF's rounded bounds); :func:`yarn_paper_inv_freq` is the paper's ramp, linear in
   the usage ratio; :func:`yarn_document_inv_freq` is the document's formula as printed.
-- 004 §7.2.2's shift matrix rotates a ``[sin, cos]`` pair the wrong way; :func:`sinusoidal_shift_matrix`
-  is the matrix that satisfies ``PE(p+k) = R(k) PE(p)`` for the documents' ``[sin, cos]`` order.
+- 004 §7.2.2's shift matrix rotates a ``[sin, cos]`` pair the wrong way;
+  :func:`sinusoidal_shift_matrix` is the matrix that satisfies ``PE(p+k) = R(k) PE(p)`` for the
+  documents' ``[sin, cos]`` order.
 """
 
 from __future__ import annotations
@@ -39,31 +40,39 @@ ROPE_KINDS = ("none", "linear", "ntk", "yarn")
 
 def _check_head_dim(head_dim: int, name: str = "head_dim") -> None:
     if not isinstance(head_dim, int) or isinstance(head_dim, bool) or head_dim < 2 or head_dim % 2:
-        raise ValueError(f"{name} must be a positive even int (RoPE rotates pairs), got {head_dim!r}")
+        raise ValueError(f"{name} must be a positive even int (RoPE rotates pairs), got "
+                         f"{head_dim!r}")
 
 
-def _check_number(name: str, value: object, low: float, *, inclusive: bool = False, what: str = "") -> None:
-    """TypeError unless a real number; ValueError unless finite and above ``low`` (or equal, if inclusive)."""
+def _check_number(name: str, value: object, low: float, *, inclusive: bool = False,
+                  what: str = "") -> None:
+    """TypeError unless a real number; ValueError unless finite and above ``low`` (or equal, if
+    inclusive)."""
     if not isinstance(value, numbers.Real) or isinstance(value, bool):
         raise TypeError(f"{name} must be a real number, got {type(value).__name__} {value!r}")
     if not (math.isfinite(value) and (value >= low if inclusive else value > low)):
-        raise ValueError(f"{name} must be a finite number {'>=' if inclusive else '>'} {low}{what}, got {value!r}")
+        raise ValueError(f"{name} must be a finite number {'>=' if inclusive else '>'} "
+                         f"{low}{what}, got {value!r}")
 
 
 def _check_positions(positions: Tensor, ndims: tuple[int, ...] = (1, 2)) -> None:
     if not isinstance(positions, Tensor):
-        raise TypeError(f"positions must be an integer torch.Tensor, got {type(positions).__name__}")
+        raise TypeError("positions must be an integer torch.Tensor, "
+                        f"got {type(positions).__name__}")
     if positions.is_floating_point() or positions.is_complex() or positions.dtype == torch.bool:
         raise ValueError(f"positions must be integers (token indices), got dtype {positions.dtype}")
     if positions.ndim not in ndims:
-        raise ValueError(f"positions must have {' or '.join(f'{n}' for n in ndims)} dims, got {tuple(positions.shape)}")
+        raise ValueError(f"positions must have {' or '.join(f'{n}' for n in ndims)} dims, got "
+                         f"{tuple(positions.shape)}")
 
 
-# ----------------------------------------------------------------------------- sinusoidal (004 §7.2)
+# ----------------------------------------------------------------------------- sinusoidal (004
+# §7.2)
 
 def sinusoidal_encoding(positions: Tensor, d_model: int, base: float = 10000.0,
                         dtype: torch.dtype = torch.float32) -> Tensor:
-    """Sinusoidal absolute encoding: ``PE(p, 2i) = sin(p/base^{2i/d})``, ``PE(p, 2i+1) = cos(...)`` (004 §7.2).
+    """Sinusoidal absolute encoding: ``PE(p, 2i) = sin(p/base^{2i/d})``, ``PE(p, 2i+1) = cos(...)``
+    (004 §7.2).
 
     Shapes: ``positions`` ``(T,)`` integer → ``(T, d_model)``.
 
@@ -74,18 +83,22 @@ def sinusoidal_encoding(positions: Tensor, d_model: int, base: float = 10000.0,
     _check_positions(positions, (1,))
     omega = sinusoidal_frequencies(d_model, base, dtype)  # (d/2,)
     angles = positions.to(dtype)[:, None] * omega  # (T, d/2)
-    return torch.stack([angles.sin(), angles.cos()], dim=-1).flatten(-2)  # (T, d): sin, cos interleaved
+    # (T, d): sin, cos interleaved
+    return torch.stack([angles.sin(), angles.cos()], dim=-1).flatten(-2)
 
 
-def sinusoidal_frequencies(d_model: int, base: float = 10000.0, dtype: torch.dtype = torch.float64) -> Tensor:
-    """The angular frequencies ``ω_i = base^{-2i/d}``, ``i = 0 … d/2-1`` (004 §7.2; same bank as RoPE's)."""
+def sinusoidal_frequencies(d_model: int, base: float = 10000.0,
+                           dtype: torch.dtype = torch.float64) -> Tensor:
+    """The angular frequencies ``ω_i = base^{-2i/d}``, ``i = 0 … d/2-1`` (004 §7.2; same bank as
+    RoPE's)."""
     _check_head_dim(d_model, "d_model")
     _check_number("base", base, 1)
     return base ** (-torch.arange(0, d_model, 2, dtype=dtype) / d_model)  # (d/2,)
 
 
 def rotation_matrix(angles: Tensor) -> Tensor:
-    """Block-diagonal 2-D rotations ``diag(R(a_1), R(a_2), …)`` with ``R(a) = [[cos a, -sin a], [sin a, cos a]]``.
+    """Block-diagonal 2-D rotations ``diag(R(a_1), R(a_2), …)`` with
+    ``R(a) = [[cos a, -sin a], [sin a, cos a]]``.
 
     Shapes: ``angles`` ``(D/2,)`` → ``(D, D)``. With ``angles = m·θ`` this is RoPE's ``R_{Θ,m}``
     (001 App. A, 004 §7.3) acting on adjacent pairs.
@@ -98,10 +111,12 @@ def rotation_matrix(angles: Tensor) -> Tensor:
 
 
 def sinusoidal_shift_matrix(k: int, d_model: int, base: float = 10000.0) -> Tensor:
-    """The matrix with ``PE(p + k) = M PE(p)`` for every p, in the documents' ``[sin, cos]`` pair order.
+    """The matrix with ``PE(p + k) = M PE(p)`` for every p, in the documents' ``[sin, cos]`` pair
+    order.
 
-    For a ``[sin a, cos a]`` pair, adding ``b`` to the angle is ``[[cos b, sin b], [-sin b, cos b]]``,
-    i.e. ``R(-ω k)``; 004 §7.2.2 prints ``R(+ω k)``, which is right for ``[cos, sin]`` order only.
+    For a ``[sin a, cos a]`` pair, adding ``b`` to the angle is
+    ``[[cos b, sin b], [-sin b, cos b]]``, i.e. ``R(-ω k)``; 004 §7.2.2 prints ``R(+ω k)``, which is
+    right for ``[cos, sin]`` order only.
     """
     return rotation_matrix(-k * sinusoidal_frequencies(d_model, base))  # (d, d) float64
 
@@ -112,28 +127,39 @@ def sinusoidal_shift_matrix(k: int, d_model: int, base: float = 10000.0) -> Tens
 class RopeScaling:
     """How RoPE's frequencies are changed to read past the training context (004 §7.4–7.6)."""
 
-    kind: str = "none"  # "none" | "linear" (position interpolation, §7.4) | "ntk" (NTK-aware base, §7.5) | "yarn" (§7.6)
+    # "none" | "linear" (position interpolation, §7.4) | "ntk" (NTK-aware base, §7.5) | "yarn"
+    # (§7.6)
+    kind: str = "none"
     factor: float = 1.0  # s = L'/L, the context extension factor; >= 1 (1 with kind "none")
-    original_max_positions: int | None = None  # L, the training context; needed by "yarn" (its ramp counts rotations in L)
-    beta_fast: float = 32.0  # YaRN: planes that turn more than this many times in L keep their frequency (paper's β)
-    beta_slow: float = 1.0  # YaRN: planes that turn fewer than this many times in L are fully interpolated (paper's α)
-    attention_factor: float | None = None  # YaRN's multiplier on cos and sin; None = 0.1 ln s + 1 (= √(1/t), §7.6.2)
-    truncate: bool = True  # YaRN: round the ramp's bounds to whole planes (floor/ceil), as HF does by default
+    # L, the training context; needed by "yarn" (its ramp counts rotations in L)
+    original_max_positions: int | None = None
+    # YaRN: planes that turn more than this many times in L keep their frequency (paper's β)
+    beta_fast: float = 32.0
+    # YaRN: planes that turn fewer than this many times in L are fully interpolated (paper's α)
+    beta_slow: float = 1.0
+    # YaRN's multiplier on cos and sin; None = 0.1 ln s + 1 (= √(1/t), §7.6.2)
+    attention_factor: float | None = None
+    # YaRN: round the ramp's bounds to whole planes (floor/ceil), as HF does by default
+    truncate: bool = True
 
     def __post_init__(self) -> None:
         if self.kind not in ROPE_KINDS:
             raise ValueError(f"kind must be one of {ROPE_KINDS}, got {self.kind!r}")
-        _check_number("factor", self.factor, 1, inclusive=True, what=" (the context extension L'/L)")
+        _check_number("factor", self.factor, 1, inclusive=True,
+                      what=" (the context extension L'/L)")
         if self.kind == "none" and self.factor != 1:
             raise ValueError(f"factor must be 1 with kind='none', got {self.factor!r}")
         L = self.original_max_positions
-        if (L is not None or self.kind == "yarn") and (not isinstance(L, int) or isinstance(L, bool) or L < 1):
-            raise ValueError(f"original_max_positions must be a positive int (or None, unless kind='yarn'), "
+        if (L is not None or self.kind == "yarn") and (not isinstance(L, int)
+                                                       or isinstance(L, bool) or L < 1):
+            raise ValueError("original_max_positions must be a positive int (or None, unless "
+                             "kind='yarn'), "
                              f"got {L!r}")
         _check_number("beta_slow", self.beta_slow, 0)
         _check_number("beta_fast", self.beta_fast, 0)
         if not self.beta_slow < self.beta_fast:
-            raise ValueError(f"need 0 < beta_slow < beta_fast, got beta_slow={self.beta_slow}, beta_fast={self.beta_fast}")
+            raise ValueError(f"need 0 < beta_slow < beta_fast, got beta_slow={self.beta_slow}, "
+                             f"beta_fast={self.beta_fast}")
         if self.attention_factor is not None:
             _check_number("attention_factor", self.attention_factor, 0, what=" or None")
         if not isinstance(self.truncate, bool):
@@ -142,12 +168,14 @@ class RopeScaling:
 
 def _base_inv_freq(head_dim: int, base: float) -> Tensor:
     """``1 / base^{2i/D}`` in float32, the same operations as Hugging Face's default RoPE init."""
-    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).to(dtype=torch.float) / head_dim  # (D/2,)
+    # (D/2,)
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).to(dtype=torch.float) / head_dim
     return 1.0 / (base ** exponents)  # (D/2,)
 
 
 def ntk_aware_base(base: float, factor: float, head_dim: int) -> float:
-    """NTK-aware base ``b' = b · s^{D/(D-2)}`` (004 §7.5): the lowest frequency is divided by exactly s."""
+    """NTK-aware base ``b' = b · s^{D/(D-2)}`` (004 §7.5): the lowest frequency is divided by
+    exactly s."""
     _check_head_dim(head_dim)
     _check_number("base", base, 1)
     _check_number("factor", factor, 1, inclusive=True, what=" (the context extension L'/L)")
@@ -155,15 +183,18 @@ def ntk_aware_base(base: float, factor: float, head_dim: int) -> float:
 
 
 def yarn_attention_factor(factor: float) -> float:
-    """YaRN's ``√(1/t) = 0.1 ln s + 1`` (004 §7.6.2); multiplying cos and sin by it scales logits by ``1/t``."""
+    """YaRN's ``√(1/t) = 0.1 ln s + 1`` (004 §7.6.2); multiplying cos and sin by it scales logits by
+    ``1/t``."""
     _check_number("factor", factor, 0)
     return 1.0 if factor <= 1 else 0.1 * math.log(factor) + 1.0
 
 
 def _yarn_hf_inv_freq(head_dim: int, base: float, s: RopeScaling) -> Tensor:
-    """HF's YaRN: a ramp linear in the plane index between the planes turning beta_fast and beta_slow times in L."""
+    """HF's YaRN: a ramp linear in the plane index between the planes turning beta_fast and
+    beta_slow times in L."""
     def plane_with_rotations(n: float) -> float:  # k such that L / (2π base^{2k/D}) = n
-        return head_dim * math.log(s.original_max_positions / (n * 2 * math.pi)) / (2 * math.log(base))
+        return (head_dim * math.log(s.original_max_positions / (n * 2 * math.pi))
+                / (2 * math.log(base)))
 
     low, high = plane_with_rotations(s.beta_fast), plane_with_rotations(s.beta_slow)
     if s.truncate:
@@ -172,14 +203,16 @@ def _yarn_hf_inv_freq(head_dim: int, base: float, s: RopeScaling) -> Tensor:
     if low == high:
         high += 0.001  # HF's guard against a zero-width ramp
     pos_freqs = base ** (torch.arange(0, head_dim, 2).to(dtype=torch.float) / head_dim)  # (D/2,)
-    ramp = ((torch.arange(head_dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)  # 0 = keep
+    # 0 = keep
+    ramp = ((torch.arange(head_dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
     keep = 1 - ramp  # weight of the unscaled frequency ("extrapolation")
     return (1.0 / (s.factor * pos_freqs)) * (1 - keep) + (1.0 / pos_freqs) * keep  # (D/2,)
 
 
 def rope_frequencies(head_dim: int, base: float = 10000.0,
                      scaling: RopeScaling | None = None) -> tuple[Tensor, float]:
-    """RoPE's inverse frequencies ``θ_k`` ``(D/2,)`` (float32, CPU) and the factor to multiply cos/sin by.
+    """RoPE's inverse frequencies ``θ_k`` ``(D/2,)`` (float32, CPU) and the factor to multiply
+    cos/sin by.
 
     ``θ_k = base^{-2k/D}`` (001 App. A, 004 §7.3); ``scaling`` applies position interpolation
     (``θ/s``), the NTK-aware base, or YaRN, matching Hugging Face's ``linear``, ``dynamic`` (at the
@@ -187,7 +220,8 @@ def rope_frequencies(head_dim: int, base: float = 10000.0,
 
     Example::
 
-        inv_freq, attn = rope_frequencies(64, scaling=RopeScaling("yarn", 4.0, original_max_positions=256))
+        inv_freq, attn = rope_frequencies(
+            64, scaling=RopeScaling("yarn", 4.0, original_max_positions=256))
     """
     _check_head_dim(head_dim)
     _check_number("base", base, 1)
@@ -200,11 +234,13 @@ def rope_frequencies(head_dim: int, base: float = 10000.0,
         return _base_inv_freq(head_dim, base) / s.factor, 1.0
     if s.kind == "ntk":  # 004 §7.5: same positions, larger base
         return _base_inv_freq(head_dim, ntk_aware_base(base, s.factor, head_dim)), 1.0
-    attention = yarn_attention_factor(s.factor) if s.attention_factor is None else float(s.attention_factor)
+    attention = (yarn_attention_factor(s.factor) if s.attention_factor is None
+                 else float(s.attention_factor))
     return _yarn_hf_inv_freq(head_dim, base, s), attention
 
 
-# ----------------------------------------------------------------------------- YaRN by parts (004 §7.6.1)
+# ----------------------------------------------------------------------------- YaRN by parts (004
+# §7.6.1)
 
 def wavelength(inv_freq: Tensor) -> Tensor:
     """Tokens per full turn of each plane, ``λ_k = 2π/θ_k`` (004 §7.6.1)."""
@@ -212,12 +248,14 @@ def wavelength(inv_freq: Tensor) -> Tensor:
 
 
 def usage_ratio(inv_freq: Tensor, context: int) -> Tensor:
-    """Turns each plane completes across a training window of ``context`` tokens, ``r_k = L θ_k / 2π``."""
+    """Turns each plane completes across a training window of ``context`` tokens,
+    ``r_k = L θ_k / 2π``."""
     return context * inv_freq / (2 * math.pi)
 
 
 def yarn_ramp(r: Tensor, alpha: float = 1.0, beta: float = 32.0) -> Tensor:
-    """The ramp ``γ(r)``: 0 below α, 1 above β, linear in ``r`` between (004 §7.6.1, YaRN paper eq. 18)."""
+    """The ramp ``γ(r)``: 0 below α, 1 above β, linear in ``r`` between (004 §7.6.1, YaRN paper
+    eq. 18)."""
     _check_number("alpha", alpha, 0)
     _check_number("beta", beta, 0)
     if not alpha < beta:
@@ -235,7 +273,8 @@ def yarn_paper_inv_freq(inv_freq: Tensor, factor: float, context: int,
 
 def yarn_document_inv_freq(inv_freq: Tensor, factor: float, context: int,
                            alpha: float = 1.0, beta: float = 32.0) -> Tensor:
-    """004 §7.6.1 as printed, ``(1-γ)θ + γθ/s``: the reverse of the paper (keeps low frequencies)."""
+    """004 §7.6.1 as printed, ``(1-γ)θ + γθ/s``: the reverse of the paper (keeps low
+    frequencies)."""
     _check_number("factor", factor, 1, inclusive=True)
     g = yarn_ramp(usage_ratio(inv_freq, context), alpha, beta)  # (D/2,)
     return (1 - g) * inv_freq + g * inv_freq / factor
@@ -243,11 +282,12 @@ def yarn_document_inv_freq(inv_freq: Tensor, factor: float, context: int,
 
 # ----------------------------------------------------------------------------- applying RoPE
 
-def rope_cos_sin(positions: Tensor, inv_freq: Tensor, attention_factor: float = 1.0) -> tuple[Tensor, Tensor]:
+def rope_cos_sin(positions: Tensor, inv_freq: Tensor,
+                 attention_factor: float = 1.0) -> tuple[Tensor, Tensor]:
     """cos and sin of the angles ``m·θ_k`` in the rotate-half layout (each angle twice).
 
-    Shapes: ``positions`` ``(T,)`` or ``(B, T)`` integer, ``inv_freq`` ``(D/2,)`` → cos, sin of shape
-    ``(T, D)`` or ``(B, T, D)``, on ``inv_freq``'s device, multiplied by ``attention_factor``.
+    Shapes: ``positions`` ``(T,)`` or ``(B, T)`` integer, ``inv_freq`` ``(D/2,)`` → cos, sin of
+    shape ``(T, D)`` or ``(B, T, D)``, on ``inv_freq``'s device, multiplied by ``attention_factor``.
     Computed as Hugging Face's ``LlamaRotaryEmbedding.forward`` does, in float32 (float64 if
     ``inv_freq`` is float64); elementwise, so autocast does not lower it.
 
@@ -258,15 +298,18 @@ def rope_cos_sin(positions: Tensor, inv_freq: Tensor, attention_factor: float = 
     """
     _check_positions(positions)
     if inv_freq.ndim != 1 or not inv_freq.is_floating_point():
-        raise ValueError(f"inv_freq must be a 1-D float tensor, got shape {tuple(inv_freq.shape)} {inv_freq.dtype}")
-    dtype = torch.float64 if inv_freq.dtype == torch.float64 else torch.float32  # float64 only for exact checks
+        raise ValueError(f"inv_freq must be a 1-D float tensor, got shape {tuple(inv_freq.shape)} "
+                         f"{inv_freq.dtype}")
+    # float64 only for exact checks
+    dtype = torch.float64 if inv_freq.dtype == torch.float64 else torch.float32
     angles = positions.to(inv_freq.device, dtype)[..., None] * inv_freq.to(dtype)  # (..., T, D/2)
     emb = torch.cat([angles, angles], dim=-1)  # (..., T, D)
     return emb.cos() * attention_factor, emb.sin() * attention_factor
 
 
 def rotate_half(x: Tensor) -> Tensor:
-    """``[x1, x2] → [-x2, x1]`` on the last dimension (Llama's pairing of ``x_k`` with ``x_{k+D/2}``)."""
+    """``[x1, x2] → [-x2, x1]`` on the last dimension (Llama's pairing of ``x_k`` with
+    ``x_{k+D/2}``)."""
     x1, x2 = x.chunk(2, dim=-1)  # (..., D/2) each
     return torch.cat([-x2, x1], dim=-1)
 
@@ -275,27 +318,31 @@ def _broadcastable_cos_sin(x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor,
     if x.shape[-1] % 2:
         raise ValueError(f"x's last dimension must be even (RoPE rotates pairs), got {x.shape[-1]}")
     if cos.shape != sin.shape or cos.shape[-1] != x.shape[-1]:
-        raise ValueError(f"cos and sin must have the same shape ending in {x.shape[-1]}, got {tuple(cos.shape)}, {tuple(sin.shape)}")
-    if x.ndim == 4 and cos.ndim == 3:  # (B, T, D) from (B, T) positions: add the head axis, as HF's unsqueeze_dim=1
+        raise ValueError(f"cos and sin must have the same shape ending in {x.shape[-1]}, got "
+                         f"{tuple(cos.shape)}, {tuple(sin.shape)}")
+    # (B, T, D) from (B, T) positions: add the head axis, as HF's unsqueeze_dim=1
+    if x.ndim == 4 and cos.ndim == 3:
         cos, sin = cos[:, None], sin[:, None]  # (B, 1, T, D)
     return cos.to(x.dtype), sin.to(x.dtype)
 
 
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotate ``x`` ``(B, H, T, D)`` by RoPE, rotate-half form (Llama, HF): ``x·cos + rotate_half(x)·sin``.
+    """Rotate ``x`` ``(B, H, T, D)`` by RoPE, rotate-half form (Llama, HF):
+    ``x·cos + rotate_half(x)·sin``.
 
-    ``cos``/``sin`` from :func:`rope_cos_sin`: ``(T, D)``, ``(B, T, D)`` (a head axis is inserted) or any
-    shape broadcastable to x. Same result as HF's ``apply_rotary_pos_emb``.
+    ``cos``/``sin`` from :func:`rope_cos_sin`: ``(T, D)``, ``(B, T, D)`` (a head axis is inserted)
+    or any shape broadcastable to x. Same result as HF's ``apply_rotary_pos_emb``.
     """
     cos, sin = _broadcastable_cos_sin(x, cos, sin)
     return x * cos + rotate_half(x) * sin  # (B, H, T, D)
 
 
 def apply_rope_interleaved(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """RoPE as the documents write it: rotate adjacent pairs ``(x_{2k}, x_{2k+1})`` by ``m θ_k`` (004 §7.3).
+    """RoPE as the documents write it: rotate adjacent pairs ``(x_{2k}, x_{2k+1})`` by ``m θ_k``
+    (004 §7.3).
 
-    Takes the same ``cos``/``sin`` as :func:`apply_rope` (angle k sits at index k in the first half).
-    ``x̃_{2k} = x_{2k} cos − x_{2k+1} sin``, ``x̃_{2k+1} = x_{2k+1} cos + x_{2k} sin``.
+    Takes the same ``cos``/``sin`` as :func:`apply_rope` (angle k sits at index k in the first
+    half). ``x̃_{2k} = x_{2k} cos − x_{2k+1} sin``, ``x̃_{2k+1} = x_{2k+1} cos + x_{2k} sin``.
     """
     cos, sin = _broadcastable_cos_sin(x, cos, sin)
     half = x.shape[-1] // 2
@@ -307,8 +354,8 @@ def apply_rope_interleaved(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 def interleaved_to_half(x: Tensor) -> Tensor:
     """Permute the last dimension so adjacent pairs ``(2k, 2k+1)`` land at ``(k, k + D/2)``.
 
-    ``apply_rope(interleaved_to_half(x)) == interleaved_to_half(apply_rope_interleaved(x))``: the two
-    layouts are the same rotation, and ``qᵀk`` is unchanged when q and k are permuted alike.
+    ``apply_rope(interleaved_to_half(x)) == interleaved_to_half(apply_rope_interleaved(x))``: the
+    two layouts are the same rotation, and ``qᵀk`` is unchanged when q and k are permuted alike.
     """
     _check_head_dim(x.shape[-1], "x.shape[-1]")
     return torch.cat([x[..., 0::2], x[..., 1::2]], dim=-1)

@@ -58,7 +58,8 @@ class Tokenizer:
         tokens = SPECIAL_TOKENS + symbols
         if len(set(tokens)) != len(tokens):
             dupes = sorted({t for t in tokens if tokens.count(t) > 1})
-            raise ValueError(f"symbols must be unique and must not repeat a special token; repeated: {dupes}")
+            raise ValueError("symbols must be unique and must not repeat a special token; "
+                             f"repeated: {dupes}")
         self.tokens: tuple[str, ...] = tokens
         self._ids = {t: i for i, t in enumerate(tokens)}
 
@@ -85,7 +86,8 @@ class Tokenizer:
             return self._ids[symbol]
         except KeyError:
             raise ValueError(f"unknown symbol {symbol!r}: not in this vocabulary of "
-                             f"{self.vocab_size} tokens (first ones: {list(self.tokens[:12])})") from None
+                             f"{self.vocab_size} tokens "
+                             f"(first ones: {list(self.tokens[:12])})") from None
 
     def encode(self, text: str | Sequence[str]) -> list[int]:
         """Ids of a space-separated string (or a list of symbols); no tokens are added."""
@@ -102,7 +104,8 @@ class Tokenizer:
 
     def decode(self, ids: Iterable[int], skip_special: bool = False) -> str:
         """The space-separated symbols of ``ids`` (``skip_special`` drops the special tokens)."""
-        out, tokens, n = [], self.tokens, len(self.tokens)  # locals: an RL round decodes thousands of answers
+        # locals: an RL round decodes thousands of answers
+        out, tokens, n = [], self.tokens, len(self.tokens)
         if isinstance(ids, (str, bytes)) or not isinstance(ids, Iterable):
             raise TypeError(f"ids must be a sequence of int token ids, got {type(ids).__name__}")
         for i in ids:
@@ -154,7 +157,8 @@ class Tokenizer:
         os.makedirs(directory, exist_ok=True)
         from transformers import PreTrainedTokenizerFast
 
-        self._hf(PreTrainedTokenizerFast).save_pretrained(directory)  # the class AutoTokenizer knows
+        # the class AutoTokenizer knows
+        self._hf(PreTrainedTokenizerFast).save_pretrained(directory)
         with open(os.path.join(directory, _VOCAB_FILE), "w") as f:
             json.dump({"tokens": list(self.tokens)}, f, indent=0)
 
@@ -163,20 +167,24 @@ class Tokenizer:
         """Read a tokenizer written by :meth:`save`."""
         path = os.path.join(directory, _VOCAB_FILE)
         if not os.path.exists(path):
-            raise FileNotFoundError(f"no {_VOCAB_FILE} in {directory}: not a Halluc Lab tokenizer directory")
+            raise FileNotFoundError(f"no {_VOCAB_FILE} in {directory}: not a Halluc Lab "
+                                    "tokenizer directory")
         try:
             with open(path, encoding="utf-8") as f:
                 data = json.load(f)
         except (json.JSONDecodeError, UnicodeDecodeError) as err:
-            raise ValueError(f"{path}: not valid JSON ({err}); expected {{\"tokens\": [...]}}") from None
+            raise ValueError(f"{path}: not valid JSON ({err}); "
+                             "expected {\"tokens\": [...]}") from None
         if not isinstance(data, dict) or "tokens" not in data:
-            got = f"keys {sorted(data)}" if isinstance(data, dict) else f"a JSON {type(data).__name__}"
+            got = (f"keys {sorted(data)}" if isinstance(data, dict)
+                   else f"a JSON {type(data).__name__}")
             raise ValueError(f"{path}: expected a JSON object with a 'tokens' key, got {got}")
         tokens = data["tokens"]
         if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
             raise ValueError(f"{path}: 'tokens' must be a list of strings, got {str(tokens)[:80]}")
         if tuple(tokens[:len(SPECIAL_TOKENS)]) != SPECIAL_TOKENS:
-            raise ValueError(f"{path}: the vocabulary must start with {SPECIAL_TOKENS}, got {tokens[:5]}")
+            raise ValueError(f"{path}: the vocabulary must start with {SPECIAL_TOKENS}, got "
+                             f"{tokens[:5]}")
         try:
             return cls(tokens[len(SPECIAL_TOKENS):])
         except ValueError as err:
@@ -195,8 +203,8 @@ def _token_id(i: object) -> int:
 
 @cache
 def _strict_hf_class() -> type:
-    """``PreTrainedTokenizerFast`` that names unknown symbols in a ``ValueError`` (built on first use, so
-    that importing this module needs no ``transformers``)."""
+    """``PreTrainedTokenizerFast`` that names unknown symbols in a ``ValueError`` (built on first
+    use, so that importing this module needs no ``transformers``)."""
     from transformers import PreTrainedTokenizerFast
 
     class StrictTokenizerFast(PreTrainedTokenizerFast):
@@ -208,9 +216,12 @@ def _strict_hf_class() -> type:
                 if "Missing [UNK] token" not in str(err):
                     raise
                 vocab = self.get_vocab()
-                unknown = sorted({w for t in _strings((text, text_pair)) for w in t.split()} - vocab.keys())
-                raise ValueError(f"unknown symbol(s) {unknown}: not in this vocabulary of {len(vocab)} tokens "
-                                 f"(the export has no <unk> token; see halluc_lab.model.tokenizer)") from None
+                unknown = sorted({w for t in _strings((text, text_pair))
+                                  for w in t.split()} - vocab.keys())
+                raise ValueError(f"unknown symbol(s) {unknown}: not in this vocabulary of "
+                                 f"{len(vocab)} tokens "
+                                 "(the export has no <unk> token; "
+                                 "see halluc_lab.model.tokenizer)") from None
 
     return StrictTokenizerFast
 

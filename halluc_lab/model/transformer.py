@@ -6,7 +6,8 @@ Part 3 §1 (the model with a KV cache), 004 ch. 5 (multi-head attention, MQA/GQA
 
 The pieces: token embedding → ``n_layers`` pre-norm blocks (RMSNorm → self-attention with RoPE
 and grouped-query heads → residual; RMSNorm → SwiGLU MLP → residual) → RMSNorm → a head that is
-tied to the embedding or not. ``model(input_ids)`` returns next-token logits ``(B, T, V)``.
+tied to the embedding or not; their shape is a :class:`~halluc_lab.model.config.ModelConfig`.
+``model(input_ids)`` returns next-token logits ``(B, T, V)``.
 
 Three ways to call it:
 
@@ -38,9 +39,10 @@ Where the code departs from the documents:
 - ``W_Q, W_K, W_V`` of all heads are one matrix (``qkv_proj``) and ``W_gate, W_up`` another
   (``gate_up_proj``): the same maps, fewer kernel launches. The HF conversion splits them.
 - Query/key/value heads follow :mod:`halluc_lab.model.attention` (query head h reads KV head
-  ``h // (n_heads / n_kv_heads)``, 004 §5.2) and RoPE is :func:`halluc_lab.model.positional.apply_rope`
-  (rotate-half layout, as Llama). ``fast=True`` calls PyTorch's fused attention; ``fast=False`` the
-  readable :func:`halluc_lab.model.attention.scaled_dot_product_attention`. A test shows they agree.
+  ``h // (n_heads / n_kv_heads)``, 004 §5.2) and RoPE is
+  :func:`halluc_lab.model.positional.apply_rope` (rotate-half layout, as Llama). ``fast=True`` calls
+  PyTorch's fused attention; ``fast=False`` the readable
+  :func:`halluc_lab.model.attention.scaled_dot_product_attention`. A test shows they agree.
 - Output projections are initialised with std ``init_std/√(2·n_layers)`` (GPT-2's choice), so the
   residual stream does not grow with depth; the documents do not discuss initialisation.
 """
@@ -48,78 +50,25 @@ Where the code departs from the documents:
 from __future__ import annotations
 
 import math
-import numbers
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from halluc_lab.model import attention
+from halluc_lab.model.config import ModelConfig
 from halluc_lab.model.kv_cache import KVCache
-from halluc_lab.model.positional import RopeScaling, apply_rope, rope_cos_sin, rope_frequencies
+from halluc_lab.model.positional import apply_rope, rope_cos_sin, rope_frequencies
 
 Tensor = torch.Tensor
 _SDPA_GQA = tuple(int(p) for p in torch.__version__.split(".")[:2]) >= (2, 5)  # enable_gqa= exists
 
 
-@dataclass(frozen=True)
-class ModelConfig:
-    """Shape of the decoder. Variants: ``dataclasses.replace(config, n_kv_heads=1)``."""
-
-    vocab_size: int  # V: tokens the embedding and the head know
-    hidden_size: int = 128  # d_model: width of the residual stream
-    n_layers: int = 4  # L: transformer blocks
-    n_heads: int = 4  # query heads; head_dim = hidden_size / n_heads
-    n_kv_heads: int | None = None  # key/value heads: n_heads = MHA, 1 = MQA, between = GQA; None = n_heads
-    intermediate_size: int | None = None  # SwiGLU hidden width; None = 4 · hidden_size
-    rope_theta: float = 10000.0  # RoPE base (θ_k = base^{-2k/D}, 004 §7.3)
-    rope_scaling: RopeScaling | None = None  # context extension (linear / ntk / yarn, 004 §7.4–7.6); None = plain
-    max_positions: int = 2048  # context the model is meant for (HF max_position_embeddings)
-    tie_embeddings: bool = True  # the head reuses the embedding matrix (W_out = W_embᵀ)
-    norm_eps: float = 1e-5  # ε inside RMSNorm's square root
-    init_std: float = 0.02  # std of the normal initialisation of weights
-    fast: bool = True  # fused kernels (PyTorch SDPA, F.rms_norm); False = the readable reference code
-
-    def __post_init__(self) -> None:
-        if self.n_kv_heads is None:
-            object.__setattr__(self, "n_kv_heads", self.n_heads)
-        if self.intermediate_size is None:
-            object.__setattr__(self, "intermediate_size", 4 * self.hidden_size)
-        for name in ("vocab_size", "hidden_size", "n_layers", "n_heads", "n_kv_heads",
-                     "intermediate_size", "max_positions"):
-            value = getattr(self, name)
-            if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
-            object.__setattr__(self, name, int(value))  # a numpy integer: the int a cache key holds
-        if self.hidden_size % self.n_heads:
-            raise ValueError(f"hidden_size={self.hidden_size} must be divisible by n_heads={self.n_heads}")
-        if self.n_heads % self.n_kv_heads:
-            raise ValueError(f"n_kv_heads must divide n_heads={self.n_heads}, got {self.n_kv_heads}")
-        if self.head_dim % 2:
-            raise ValueError(f"head_dim = hidden_size / n_heads must be even for RoPE, got {self.head_dim}")
-        if self.rope_scaling is not None and not isinstance(self.rope_scaling, RopeScaling):
-            raise TypeError(f"rope_scaling must be a positional.RopeScaling or None, got {type(self.rope_scaling).__name__}")
-        for name, low in (("rope_theta", 1), ("norm_eps", 0), ("init_std", 0)):  # rope_theta: θ_k must fall with k
-            value = getattr(self, name)
-            if not isinstance(value, numbers.Real) or isinstance(value, bool):
-                raise TypeError(f"{name} must be a real number, got {type(value).__name__} {value!r}")
-            if not (math.isfinite(value) and value > low):
-                raise ValueError(f"{name} must be a finite number > {low}, got {value!r}")
-        for name in ("tie_embeddings", "fast"):
-            if not isinstance(getattr(self, name), bool):
-                raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
-
-    @property
-    def head_dim(self) -> int:
-        """D, the width of one head."""
-        return self.hidden_size // self.n_heads
-
-
 # ----------------------------------------------------------------------------- building blocks
 
 def rms_norm_reference(x: Tensor, weight: Tensor, eps: float) -> Tensor:
-    """RMSNorm, ``x / √(mean(x²) + ε) · w``, in float32 then back to x's dtype (as HF's LlamaRMSNorm)."""
+    """RMSNorm, ``x / √(mean(x²) + ε) · w``, in float32 then back to x's dtype (as HF's
+    LlamaRMSNorm)."""
     h = x.float()
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)  # (..., d)
     return weight * h.to(x.dtype)
@@ -135,20 +84,24 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         if self.fast:  # one fused kernel where PyTorch has one; same formula
-            out_dtype = x.dtype if x.dtype == self.weight.dtype else torch.promote_types(x.dtype, self.weight.dtype)
+            out_dtype = (x.dtype if x.dtype == self.weight.dtype
+                         else torch.promote_types(x.dtype, self.weight.dtype))
             return F.rms_norm(x.float(), x.shape[-1:], self.weight.float(), self.eps).to(out_dtype)
         return rms_norm_reference(x, self.weight, self.eps)
 
 
 class SelfAttention(nn.Module):
-    """Causal self-attention with RoPE and ``n_kv_heads`` key/value heads; reads and writes a KV cache."""
+    """Causal self-attention with RoPE and ``n_kv_heads`` key/value heads; reads and writes a KV
+    cache."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         c = config
-        self.n_heads, self.n_kv_heads, self.head_dim, self.fast = c.n_heads, c.n_kv_heads, c.head_dim, c.fast
+        self.n_heads, self.n_kv_heads = c.n_heads, c.n_kv_heads
+        self.head_dim, self.fast = c.head_dim, c.fast
         # W_Q, W_K, W_V of every head stacked as one matrix: one matmul instead of three.
-        self.qkv_proj = nn.Linear(c.hidden_size, (c.n_heads + 2 * c.n_kv_heads) * c.head_dim, bias=False)
+        self.qkv_proj = nn.Linear(c.hidden_size, (c.n_heads + 2 * c.n_kv_heads) * c.head_dim,
+                                  bias=False)
         self.o_proj = nn.Linear(c.n_heads * c.head_dim, c.hidden_size, bias=False)  # W_O
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None,
@@ -157,9 +110,11 @@ class SelfAttention(nn.Module):
         B, T, _ = x.shape
         H, H_kv, D = self.n_heads, self.n_kv_heads, self.head_dim
         qk, v = self.qkv_proj(x).view(B, T, H + 2 * H_kv, D).split([H + H_kv, H_kv], dim=2)
-        q, k = apply_rope(qk, cos, sin).split([H, H_kv], dim=2)  # RoPE on queries and keys, not values
+        # RoPE on queries and keys, not values
+        q, k = apply_rope(qk, cos, sin).split([H, H_kv], dim=2)
         q = q.transpose(1, 2)  # (B, H, T, D); k and v stay (B, T, H_kv, D), the cache's layout
-        if cache is not None:  # 004 §6.2: store this step's keys/values, attend over all stored ones
+        # 004 §6.2: store this step's keys/values, attend over all stored ones
+        if cache is not None:
             cache.write(layer, k, v, slots)
             k, v = cache.read(layer, n_keys)  # (B, H_kv, n_keys, D)
         else:
@@ -170,22 +125,25 @@ class SelfAttention(nn.Module):
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
         """``softmax(q kᵀ/√D + mask) v`` with KV heads shared by groups of query heads.
 
-        q ``(B, H, T_q, D)``, k and v ``(B, H_kv, T_k, D)``, mask boolean ``(B, 1, T_q, T_k)`` or None
-        (causal). Every query sees at least its own key, so no row is fully masked.
+        q ``(B, H, T_q, D)``, k and v ``(B, H_kv, T_k, D)``, mask boolean ``(B, 1, T_q, T_k)`` or
+        None (causal). Every query sees at least its own key, so no row is fully masked.
         """
         n_rep = self.n_heads // self.n_kv_heads
         if not self.fast:
             out, _ = attention.scaled_dot_product_attention(
-                q, attention.repeat_kv(k, n_rep), attention.repeat_kv(v, n_rep), mask, causal=mask is None)
+                q, attention.repeat_kv(k, n_rep), attention.repeat_kv(v, n_rep), mask,
+                causal=mask is None)
             return out
-        # On CUDA, packed rows and prefills (a mask, several queries) go to SDPA's memory-efficient kernel, which
-        # takes no grouped heads: expanded here, since with deterministic algorithms on the other candidates fall
-        # back to a float32 math path (an H100 training step at full scale: 8.7 → 5.8 ms). Decoding (one query)
-        # keeps them, and so does the CPU, whose kernels have no such fallback.
+        # On CUDA, packed rows and prefills (a mask, several queries) go to SDPA's memory-efficient
+        # kernel, which takes no grouped heads: expanded here, since with deterministic algorithms
+        # on the other candidates fall back to a float32 math path (an H100 training step at full
+        # scale: 8.7 → 5.8 ms). Decoding (one query) keeps them, and so does the CPU, whose kernels
+        # have no such fallback.
         if n_rep > 1 and (not _SDPA_GQA or (mask is not None and q.shape[2] > 1 and q.is_cuda)):
             k, v = attention.repeat_kv(k, n_rep), attention.repeat_kv(v, n_rep)
         gqa = {"enable_gqa": True} if k.shape[1] != q.shape[1] else {}
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, **gqa)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
+                                              **gqa)
 
 
 class MLP(nn.Module):
@@ -202,7 +160,8 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """One pre-norm transformer block: ``h' = h + Attn(Norm(h))``, ``h'' = h' + MLP(Norm(h'))`` (000 §3.5)."""
+    """One pre-norm transformer block: ``h' = h + Attn(Norm(h))``, ``h'' = h' + MLP(Norm(h'))`` (000
+    §3.5)."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -211,14 +170,15 @@ class Block(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.norm_eps, config.fast)
         self.mlp = MLP(config)
 
-    def forward(self, h: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None, cache: KVCache | None,
-                layer: int, slots: Tensor | None, n_keys: int) -> Tensor:
+    def forward(self, h: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None,
+                cache: KVCache | None, layer: int, slots: Tensor | None, n_keys: int) -> Tensor:
         h = h + self.self_attn(self.input_layernorm(h), cos, sin, mask, cache, layer, slots, n_keys)
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
 def segment_positions(segment_ids: Tensor) -> Tensor:
-    """Position of each token within its segment: restarts at 0 where the id changes. ``(B, T) → (B, T)``.
+    """Position of each token within its segment: restarts at 0 where the id changes.
+    ``(B, T) → (B, T)``.
 
     >>> segment_positions(torch.tensor([[1, 1, 1, 2, 2, 0]])).tolist()
     [[0, 1, 2, 0, 1, 0]]
@@ -227,35 +187,45 @@ def segment_positions(segment_ids: Tensor) -> Tensor:
     t = torch.arange(T, device=segment_ids.device).expand(B, T)  # (B, T)
     starts = torch.ones_like(segment_ids, dtype=torch.bool)
     starts[:, 1:] = segment_ids[:, 1:] != segment_ids[:, :-1]  # (B, T) a segment begins here
-    first = torch.where(starts, t, torch.zeros_like(t)).cummax(dim=1).values  # (B, T) its first index
+    # (B, T) its first index
+    first = torch.where(starts, t, torch.zeros_like(t)).cummax(dim=1).values
     return t - first
 
 
 def segment_mask(segment_ids: Tensor) -> Tensor:
-    """Block-diagonal-causal mask ``(B, 1, T, T)``: True where query i may see key j (j ≤ i, same segment)."""
+    """Block-diagonal-causal mask ``(B, 1, T, T)``: True where query i may see key j (j ≤ i, same
+    segment)."""
     T = segment_ids.shape[1]
     same = segment_ids[:, :, None] == segment_ids[:, None, :]  # (B, T, T)
     return (same & attention.causal_mask(T, device=segment_ids.device))[:, None]  # (B, 1, T, T)
 
 
 def _capturing(t: Tensor) -> bool:
-    """True inside a CUDA-graph capture or a compiled graph, where a host sync (a value check) cannot run."""
+    """True inside a CUDA-graph capture or a compiled graph, where a host sync (a value check)
+    cannot run."""
     return torch.compiler.is_compiling() or (t.is_cuda and torch.cuda.is_current_stream_capturing())
 
 
-def check_logits_to_keep(logits_to_keep: int | Tensor, B: int, T: int, device: torch.device) -> slice | Tensor:
-    """Check ``logits_to_keep`` (see :meth:`Transformer.forward`) for ``(B, T)`` inputs: a slice or positions."""
+def check_logits_to_keep(logits_to_keep: int | Tensor, B: int, T: int,
+                         device: torch.device) -> slice | Tensor:
+    """Check ``logits_to_keep`` (see :meth:`Transformer.forward`) for ``(B, T)`` inputs: a slice or
+    positions."""
     if isinstance(logits_to_keep, Tensor):
         index = logits_to_keep.to(device)
         if index.dtype not in (torch.long, torch.int) or index.ndim not in (1, 2) or (
                 index.ndim == 2 and index.shape[0] != B):
-            raise ValueError(f"logits_to_keep must be an int, or an int tensor of positions (K,) or ({B}, K), "
+            raise ValueError("logits_to_keep must be an int, or an int tensor of positions (K,) "
+                             f"or ({B}, K), "
                              f"got {index.dtype} {tuple(index.shape)}")
-        if index.numel() and not _capturing(index) and not 0 <= int(index.min()) <= int(index.max()) < T:
-            raise ValueError(f"logits_to_keep positions must lie in [0, {T - 1}], got {index.tolist()}")
+        if (index.numel() and not _capturing(index)
+                and not 0 <= int(index.min()) <= int(index.max()) < T):
+            raise ValueError(f"logits_to_keep positions must lie in [0, {T - 1}], got "
+                             f"{index.tolist()}")
         return index
-    if not isinstance(logits_to_keep, int) or isinstance(logits_to_keep, bool) or not 0 <= logits_to_keep <= T:
-        raise ValueError(f"logits_to_keep must be an int in [0, {T}] (0 = all positions) or a tensor of positions, "
+    if (not isinstance(logits_to_keep, int) or isinstance(logits_to_keep, bool)
+            or not 0 <= logits_to_keep <= T):
+        raise ValueError(f"logits_to_keep must be an int in [0, {T}] (0 = all positions) or a "
+                         "tensor of positions, "
                          f"got {logits_to_keep!r}")
     return slice(T - logits_to_keep if logits_to_keep else 0, T)  # the last k (all for 0)
 
@@ -270,11 +240,13 @@ def keep_positions(h: Tensor, keep: slice | Tensor) -> Tensor:
 # ----------------------------------------------------------------------------- the model
 
 class Transformer(nn.Module):
-    """The decoder: ``model(input_ids (B, T), position_ids, segment_ids, cache, *, logits_to_keep) -> (B, T, V)``.
+    """The decoder:
+    ``model(input_ids (B, T), position_ids, segment_ids, cache, *, logits_to_keep) -> (B, T, V)``.
 
     Example::
 
-        model = Transformer(ModelConfig(vocab_size=512, hidden_size=64, n_layers=2, n_heads=4, n_kv_heads=2))
+        model = Transformer(ModelConfig(vocab_size=512, hidden_size=64, n_layers=2, n_heads=4,
+                                        n_kv_heads=2))
         logits = model(torch.randint(0, 512, (2, 10)))     # (2, 10, 512)
     """
 
@@ -286,7 +258,8 @@ class Transformer(nn.Module):
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(Block(config) for _ in range(config.n_layers))
         self.norm = RMSNorm(config.hidden_size, config.norm_eps, config.fast)
-        self.lm_head = None if config.tie_embeddings else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = None if config.tie_embeddings else nn.Linear(config.hidden_size,
+                                                                    config.vocab_size, bias=False)
         # RoPE frequencies stay float32 whatever dtype the weights are cast to (a bf16 θ_k would
         # shift every angle), so they are a plain attribute, not a buffer that .to() would cast.
         self._inv_freq, self.attention_factor = rope_frequencies(config.head_dim, config.rope_theta,
@@ -295,11 +268,14 @@ class Transformer(nn.Module):
 
     @torch.no_grad()
     def reset_parameters(self, seed: int = 0) -> None:
-        """Normal(0, init_std) weights (output projections / √(2L)), unit norm gains; same on every device."""
+        """Normal(0, init_std) weights (output projections / √(2L)), unit norm gains; same on every
+        device."""
         if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
             raise ValueError(f"seed must be a non-negative int, got {seed!r}")
-        g = torch.Generator().manual_seed(seed)  # drawn on the CPU, so the weights do not depend on the device
-        std, residual_std = self.config.init_std, self.config.init_std / math.sqrt(2 * self.config.n_layers)
+        # drawn on the CPU, so the weights do not depend on the device
+        g = torch.Generator().manual_seed(seed)
+        std = self.config.init_std
+        residual_std = self.config.init_std / math.sqrt(2 * self.config.n_layers)
         for name, p in self.named_parameters():
             if name.endswith("layernorm.weight") or name == "norm.weight":
                 p.fill_(1.0)
@@ -313,39 +289,48 @@ class Transformer(nn.Module):
             self._inv_freq = self._inv_freq.to(device)
         return self._inv_freq
 
-    def forward(self, input_ids: Tensor, position_ids: Tensor | None = None, segment_ids: Tensor | None = None,
-                cache: KVCache | None = None, *, logits_to_keep: int | Tensor = 0) -> Tensor:
-        """Next-token logits ``(B, T, V)`` for ``input_ids`` ``(B, T)`` (token ids in ``[0, vocab_size)``).
+    def forward(self, input_ids: Tensor, position_ids: Tensor | None = None,
+                segment_ids: Tensor | None = None, cache: KVCache | None = None, *,
+                logits_to_keep: int | Tensor = 0) -> Tensor:
+        """Next-token logits ``(B, T, V)`` for ``input_ids`` ``(B, T)`` (token ids in
+        ``[0, vocab_size)``).
 
-        ``position_ids`` ``(B, T)`` or ``(T,)``: RoPE positions (default: 0…T-1, the segment-relative
-        position with ``segment_ids``, the cache slot with ``cache``). ``segment_ids`` ``(B, T)`` ints:
-        packed sequences, contiguous runs of equal id; they never attend to each other. ``cache``: a
-        :class:`KVCache` with B rows; the tokens are appended to each row (written at slot
-        ``cache.lengths[b] + i``) and every row's length grows by T. ``logits_to_keep``: 0 = every
-        position; an int k = the last k, ``(B, k, V)``; a tensor of positions ``(K,)`` (the same in every
-        row) or ``(B, K)`` (per row) gives ``(B, K, V)``; an empty ``(0,)`` tensor skips the head.
-        Positions past ``config.max_positions`` (T, after what the cache holds) raise ValueError.
+        ``position_ids`` ``(B, T)`` or ``(T,)``: RoPE positions (default: 0…T-1, the
+        segment-relative position with ``segment_ids``, the cache slot with ``cache``).
+        ``segment_ids`` ``(B, T)`` ints: packed sequences, contiguous runs of equal id; they never
+        attend to each other. ``cache``: a :class:`KVCache` with B rows; the tokens are appended to
+        each row (written at slot ``cache.lengths[b] + i``) and every row's length grows by T.
+        ``logits_to_keep``: 0 = every position; an int k = the last k, ``(B, k, V)``; a tensor of
+        positions ``(K,)`` (the same in every row) or ``(B, K)`` (per row) gives ``(B, K, V)``; an
+        empty ``(0,)`` tensor skips the head. Positions past ``config.max_positions`` (T, after what
+        the cache holds) raise ValueError.
         """
         self._check_input_ids(input_ids)
         B, T = input_ids.shape
         device = input_ids.device
-        keep = check_logits_to_keep(logits_to_keep, B, T, device)  # checked before the cache changes
+        # checked before the cache changes
+        keep = check_logits_to_keep(logits_to_keep, B, T, device)
         self._check_context(T, cache)
         slots, n_keys = None, 0
         if cache is not None:
             if segment_ids is not None:
-                raise ValueError("segment_ids (packing) and cache cannot be combined: generation has one sequence per row")
+                raise ValueError("segment_ids (packing) and cache cannot be combined: generation "
+                                 "has one sequence per row")
             if cache.batch_size != B or cache.n_layers != self.config.n_layers:
-                raise ValueError(f"the cache has {cache.batch_size} rows and {cache.n_layers} layers; "
-                                 f"input_ids has {B} rows and the model {self.config.n_layers} layers")
+                raise ValueError(f"the cache has {cache.batch_size} rows and "
+                                 f"{cache.n_layers} layers; "
+                                 f"input_ids has {B} rows and the model "
+                                 f"{self.config.n_layers} layers")
             slots = cache.slots(T)  # (B, T); raises if a row is full
             n_keys = cache.window(T)
             keys = torch.arange(n_keys, device=device)  # (n_keys,)
-            mask = (keys[None, None, :] <= slots[:, :, None])[:, None]  # (B, 1, T, n_keys): key slot ≤ own slot
+            # (B, 1, T, n_keys): key slot ≤ own slot
+            mask = (keys[None, None, :] <= slots[:, :, None])[:, None]
             positions = slots if position_ids is None else position_ids
         elif segment_ids is not None:
             if segment_ids.shape != input_ids.shape:
-                raise ValueError(f"segment_ids must have input_ids' shape {tuple(input_ids.shape)}, got {tuple(segment_ids.shape)}")
+                raise ValueError("segment_ids must have input_ids' shape "
+                                 f"{tuple(input_ids.shape)}, got {tuple(segment_ids.shape)}")
             mask = segment_mask(segment_ids)  # (B, 1, T, T)
             positions = segment_positions(segment_ids) if position_ids is None else position_ids
         else:
@@ -357,8 +342,10 @@ class Transformer(nn.Module):
             h = layer(h, cos, sin, mask, cache, i, slots, n_keys)  # (B, T, d)
         if cache is not None:
             cache.advance(T)
-        h = self.norm(keep_positions(h, keep))  # (B, K, d): the norm is per position, so slice first
-        return F.linear(h, self.embed_tokens.weight) if self.lm_head is None else self.lm_head(h)  # (B, K, V)
+        # (B, K, d): the norm is per position, so slice first
+        h = self.norm(keep_positions(h, keep))
+        # (B, K, V)
+        return F.linear(h, self.embed_tokens.weight) if self.lm_head is None else self.lm_head(h)
 
     def _check_context(self, T: int, cache: KVCache | None) -> None:
         """ValueError for positions past ``config.max_positions``: T new ones after the cache's."""
@@ -370,33 +357,44 @@ class Transformer(nn.Module):
                              f"config.max_positions={context} (input_ids has T={T}{cached})")
 
     def _check_input_ids(self, input_ids: Tensor) -> None:
-        """An int tensor ``(B, T)``, T ≥ 1, ids in ``[0, V)`` (one min/max sync, skipped in CUDA graph capture)."""
+        """An int tensor ``(B, T)``, T ≥ 1, ids in ``[0, V)`` (one min/max sync, skipped in CUDA
+        graph capture)."""
         if not isinstance(input_ids, Tensor):
-            raise TypeError(f"input_ids must be a torch.Tensor of token ids (B, T), got {type(input_ids).__name__}")
+            raise TypeError("input_ids must be a torch.Tensor of token ids (B, T), got "
+                            f"{type(input_ids).__name__}")
         if input_ids.dtype not in (torch.long, torch.int):
-            raise TypeError(f"input_ids must be an int64 or int32 tensor of token ids, got {input_ids.dtype}")
+            raise TypeError("input_ids must be an int64 or int32 tensor of token ids, got "
+                            f"{input_ids.dtype}")
         if input_ids.ndim != 2 or input_ids.shape[1] < 1:
-            raise ValueError(f"input_ids must have shape (B, T) with T >= 1, got {tuple(input_ids.shape)}")
+            raise ValueError("input_ids must have shape (B, T) with T >= 1, got "
+                             f"{tuple(input_ids.shape)}")
         if input_ids.numel() == 0 or _capturing(input_ids):
-            return  # no host sync inside a capture or a compiled graph: the engine checks its tokens itself
+            # no host sync inside a capture or a compiled graph: the engine checks its tokens itself
+            return
         low, high = torch.stack(torch.aminmax(input_ids)).tolist()  # one sync
         V = self.config.vocab_size
         if low < 0 or high >= V:
             raise ValueError(f"input_ids must hold token ids in [0, {V - 1}] (vocab_size {V}), "
                              f"got ids from {low} to {high}")
 
-    def _rope(self, positions: Tensor, device: torch.device, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-        """cos and sin ``(B or 1, T, 1, D)`` in the dtype the projections produce (cast once, not per layer)."""
-        cos, sin = rope_cos_sin(positions, self.inv_freq(device), self.attention_factor)  # (T, D) or (B, T, D)
+    def _rope(self, positions: Tensor, device: torch.device, dtype: torch.dtype) -> tuple[Tensor,
+                                                                                          Tensor]:
+        """cos and sin ``(B or 1, T, 1, D)`` in the dtype the projections produce (cast once, not
+        per layer)."""
+        # (T, D) or (B, T, D)
+        cos, sin = rope_cos_sin(positions, self.inv_freq(device), self.attention_factor)
         if cos.ndim == 2:
             cos, sin = cos[None], sin[None]  # (1, T, D)
         if torch.is_autocast_enabled(device.type):
             dtype = torch.get_autocast_dtype(device.type)
-        return cos[:, :, None].to(dtype), sin[:, :, None].to(dtype)  # (B or 1, T, 1, D): one angle set for all heads
+        # (B or 1, T, 1, D): one angle set for all heads
+        return cos[:, :, None].to(dtype), sin[:, :, None].to(dtype)
 
     def new_cache(self, batch_size: int, max_positions: int | None = None,
                   dtype: torch.dtype | None = None) -> KVCache:
-        """An empty :class:`KVCache` for this model on its device (default: max_positions, weight dtype)."""
+        """An empty :class:`KVCache` for this model on its device (default: max_positions, weight
+        dtype)."""
         weight = self.embed_tokens.weight
-        return KVCache.for_model(self.config, batch_size, max_positions or self.config.max_positions,
+        return KVCache.for_model(self.config, batch_size,
+                                 max_positions or self.config.max_positions,
                                  dtype=dtype or weight.dtype, device=weight.device)

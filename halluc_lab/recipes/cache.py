@@ -1,47 +1,32 @@
-"""The cache that trains a recipe once and loads it afterwards: derived keys, checksummed entries.
+"""The cache that trains a recipe once and loads it afterwards: checksummed entries under derived
+keys.
 
-:mod:`halluc_lab.recipes` names each model of the book; :mod:`halluc_lab.training.recipe` defines what a recipe is and the
-:class:`~halluc_lab.training.recipe.Stage` interface its training goes through. This module trains a recipe once and loads
-it afterwards (ARCHITECTURE.md §3, §4), so any notebook runs alone, in any order.
+:mod:`halluc_lab.recipes` names each model of the book; :mod:`halluc_lab.training.recipe` defines
+what a recipe is and the :class:`~halluc_lab.training.recipe.Stage` interface its training goes
+through. This module trains a recipe once and loads it afterwards (ARCHITECTURE.md §3, §4), so any
+notebook runs alone, in any order.
 
 **Where.** Entries live in ``$HALLUC_CACHE/recipes/<name>/<key>/`` (without ``$HALLUC_CACHE``,
 in ``$XDG_CACHE_HOME/halluc_lab`` or ``~/.cache/halluc_lab``), each beside a ``<key>.lock`` file:
 a maintained file lock (``filelock``) keeps two processes from training one recipe at once.
 
-**The key** hashes everything that decides a trained model's bits, and nothing else:
-
-- the recipe (its parents included), as plain data with every config's type name;
-- :data:`FORMAT_VERSION`, for what the code cannot show (the entry's layout, a library that computes otherwise);
-- the code that can change the weights (:func:`code_modules`): the syntax trees, without docstrings, of the
-  modules that define the configs of each recipe of the chain (recipe, stage, task, model, the stage's nested
-  configs), its loss and batch preparation, and the loop, followed through their ``halluc_lab`` imports. A
-  stage lives beside its training, and a task's recipes import their task's module only, so a change to RLVR
-  code moves RLVR keys alone and a pre-training key covers no post-training code. Modules that cannot change
-  the bits (:data:`EXEMPT`, each backed by a test) are left out, and so is this module;
-- the platform (:class:`Platform`): the autocast dtype, the number of processes (a sum over ranks adds in
-  another order), on a CPU the number of threads, on a GPU its model. Two runs that can give different weights
-  never share a key.
-
-The hash of each module is recorded in the entry (``recipe.json``) and glued by a chapter's footer, so a key
-that moved names the module whose code did. Code outside ``halluc_lab`` (a stage a notebook defines) enters the
-key by its config and class name only: rename it when its code changes.
+**The key** (:func:`key`, :mod:`halluc_lab.recipes.cache_key`) hashes the recipe, a format version,
+the code that can change its bits and the platform; this module re-exports its names.
 
 **An entry** holds ``model/`` (a Hugging Face checkpoint and tokenizer, which
 ``AutoModelForCausalLM``/``AutoTokenizer`` load), ``history.json``, ``meta.json``, ``recipe.json``
 (what the key covers) and, written last, ``DONE``: the SHA-256 of every other file, checked on
-each load, and the weights are checked finite. A missing, garbled, truncated or extra file, or weights that
-hold NaN or inf, are reported (a :class:`CacheWarning` naming the path and the fault) and the recipe trained
-again; an intact entry of a different recipe or platform raises. While training, ``checkpoints/`` holds the
-last checkpoints (the registry's recipes save about every quarter of the run): a killed run resumes from them,
-not from step 0.
+each load, and the weights are checked finite. A missing, garbled, truncated or extra file, or
+weights that hold NaN or inf, are reported (a :class:`CacheWarning` naming the path and the fault)
+and the recipe trained again; an intact entry of a different recipe or platform raises. While
+training, ``checkpoints/`` holds the last checkpoints (the registry's recipes save about every
+quarter of the run): a killed run resumes from them, not from step 0.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import datetime
-import hashlib
 import json
 import os
 import shutil
@@ -56,6 +41,10 @@ from torch import nn
 
 from halluc_lab.model import hf_convert
 from halluc_lab.recipes import code_trees
+from halluc_lab.recipes.cache_key import Platform, code_hashes, identity, key
+# re-exported: the key's names, which recipes gathers from here
+from halluc_lab.recipes.cache_key import (FORMAT_VERSION, code_fingerprint,  # noqa: F401
+                                          code_modules)  # noqa: F401
 from halluc_lab.training import distributed
 from halluc_lab.model.transformer import Transformer
 from halluc_lab.training.recipe import Recipe, lineage
@@ -63,21 +52,15 @@ from halluc_lab.tasks.base import Task, make_task
 from halluc_lab.model.tokenizer import Tokenizer
 from halluc_lab.training.train import CheckpointError, History, file_sha256, latest_checkpoint
 
-FORMAT_VERSION = 3  # bump for a change the code fingerprint cannot see (2: checksums; 3: per-stage code, platform)
 ENV_CACHE = "HALLUC_CACHE"
-# Modules left out of every key, and why each cannot change a trained model's bits (each backed by a test):
-EXEMPT = (
-    "halluc_lab.progress",  # progress bars: print, draw no random numbers (test_progress_changes_no_bits)
-    "halluc_lab.recipes.code_trees",  # the key's own machinery: FORMAT_VERSION covers it
-    "halluc_lab.recipes.cache",  # this module: FORMAT_VERSION covers it
-)
 
 
 class CacheError(OSError):
-    """The cache cannot be used as configured (``$HALLUC_CACHE`` missing, not a folder, read-only)."""
+    """The cache cannot be used as configured (``$HALLUC_CACHE`` missing, not a folder,
+    read-only)."""
 
 
-# -- the key: the recipe, the code that can change its bits, the platform ----------------------------------
+# -- where the cache lives -------------------------------------------------------------------------
 def cache_root() -> str:
     """``$HALLUC_CACHE``, else ``$XDG_CACHE_HOME/halluc_lab``, else ``~/.cache/halluc_lab``."""
     if os.environ.get(ENV_CACHE):
@@ -88,118 +71,24 @@ def cache_root() -> str:
 
 def _where() -> str:
     """How the cache folder was chosen, for error messages."""
-    return f"${ENV_CACHE}={cache_root()}" if os.environ.get(ENV_CACHE) else f"the cache folder {cache_root()}"
+    return (f"${ENV_CACHE}={cache_root()}" if os.environ.get(ENV_CACHE)
+            else f"the cache folder {cache_root()}")
 
 
 def usable_root() -> str:
-    """:func:`cache_root`, created if missing; a :class:`CacheError` naming the variable and the path if it is
-    not a folder or cannot be made."""
+    """:func:`cache_root`, created if missing; a :class:`CacheError` naming the variable and the
+    path if it is not a folder or cannot be made."""
     root = cache_root()
     if os.path.exists(root) and not os.path.isdir(root):
-        raise CacheError(f"{_where()} is not a folder: point ${ENV_CACHE} at a folder (or unset it)")
+        raise CacheError(f"{_where()} is not a folder: "
+                         f"point ${ENV_CACHE} at a folder (or unset it)")
     try:
         os.makedirs(root, exist_ok=True)
     except OSError as e:
-        raise CacheError(f"cannot create {_where()} ({e.strerror or e}): point ${ENV_CACHE} at a folder "
+        raise CacheError(f"cannot create {_where()} ({e.strerror or e}): point ${ENV_CACHE} "
+                         "at a folder "
                          "this process can write") from e
     return root
-
-
-@dataclass(frozen=True)
-class Platform:
-    """What besides a recipe and its code decides the bits of the model it trains."""
-
-    dtype: str  # the autocast dtype ("torch.bfloat16" on CUDA, "torch.float32" on a CPU)
-    processes: int = 1  # torchrun's world size: a gradient summed over ranks adds in another order
-    threads: int | None = None  # on a CPU, torch's intra-op threads (they split sums); None on a GPU
-    gpu: str | None = None  # on CUDA, the GPU's model (another model gives other low bits); None elsewhere
-
-    @classmethod
-    def here(cls, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> Platform:
-        """This process's platform for training on ``device`` under autocast ``dtype``."""
-        device = torch.device(device)
-        return cls(str(dtype), distributed.world_size(),
-                   torch.get_num_threads() if device.type == "cpu" else None,
-                   torch.cuda.get_device_name(device) if device.type == "cuda" else
-                   (None if device.type == "cpu" else device.type))
-
-
-def _canonical(value):
-    """A recipe as plain data, every dataclass in it with its type's name (``asdict`` would drop the types, and
-    two configs with the same fields — a task's, a stage's, a policy loss's — would share a key)."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {"__type__": type(value).__name__,
-                **{f.name: _canonical(getattr(value, f.name)) for f in dataclasses.fields(value)}}
-    if isinstance(value, (list, tuple)):
-        return [_canonical(v) for v in value]
-    if isinstance(value, dict):
-        return {str(k): _canonical(v) for k, v in value.items()}
-    return value
-
-
-def _config_modules(value, found: set[str]) -> set[str]:
-    """The modules defining every dataclass inside ``value`` (the recipe's configs, nested), and their bases'."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        found |= {c.__module__ for c in type(value).__mro__}
-        for f in dataclasses.fields(value):
-            _config_modules(getattr(value, f.name), found)
-    elif isinstance(value, (list, tuple)):
-        for v in value:
-            _config_modules(v, found)
-    return found
-
-
-def code_modules(recipe: Recipe, source: Callable[[str], str] | None = None) -> tuple[str, ...]:
-    """The halluc_lab modules whose code can change a recipe's weights, sorted: those defining the configs of each
-    recipe of the chain (recipe, stage, task, model and every config nested in them), its loss and batch
-    preparation, the model and the loop, and every halluc_lab module they import, transitively, but
-    :data:`EXEMPT` (``source(module)``: its text).
-
-    >>> from halluc_lab import recipes
-    >>> "halluc_lab.stages.rlvr" in code_modules(recipes.get("kb_walk-sft-clean", "smoke"))
-    False
-    """
-    roots = {Transformer.__module__, train_module()}
-    for r in lineage(recipe):
-        _config_modules(r, roots)
-        for obj in (r.stage.loss(r), r.stage.prepare(r)):
-            if obj is not None:
-                roots.add(getattr(obj, "__module__", None) or type(obj).__module__)
-    return code_trees.closure(roots, source or code_trees.read_source, exempt=EXEMPT)
-
-
-def train_module() -> str:
-    """The loop's module: the default ``fit`` runs it."""
-    return History.__module__
-
-
-def code_hashes(recipe: Recipe, source: Callable[[str], str] | None = None) -> dict[str, str]:
-    """``{module: hash}`` of :func:`code_modules`: what a recipe's key covers of the code."""
-    return code_trees.module_hashes(code_modules(recipe, source), source)
-
-
-def code_fingerprint(recipe: Recipe, source: Callable[[str], str] | None = None) -> str:
-    """One hash of :func:`code_hashes`, which changes when the code of any module in the key does."""
-    return code_trees.fingerprint(code_modules(recipe, source), source)
-
-
-def _identity(recipe: Recipe, platform: Platform) -> dict:
-    """Everything the cache key covers, as plain data."""
-    return {"format": FORMAT_VERSION, "code": code_hashes(recipe), "platform": dataclasses.asdict(platform),
-            "recipe": _canonical(recipe)}
-
-
-def _platform(platform: Platform | torch.dtype | None, device) -> Platform:
-    if isinstance(platform, Platform):
-        return platform
-    return Platform.here(device, torch.float32 if platform is None else platform)
-
-
-def key(recipe: Recipe, platform: Platform | torch.dtype | None = None, device: torch.device | str = "cpu") -> str:
-    """The cache key: a hash of the recipe, :data:`FORMAT_VERSION`, the code that can change its bits and the
-    platform — a :class:`Platform`, or an autocast dtype (default float32) with ``device`` for this process's."""
-    blob = json.dumps(_identity(recipe, _platform(platform, device)), sort_keys=True, default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
 def directory(recipe: Recipe, platform: Platform | torch.dtype | None = None,
@@ -208,9 +97,10 @@ def directory(recipe: Recipe, platform: Platform | torch.dtype | None = None,
     return os.path.join(cache_root(), "recipes", recipe.name, key(recipe, platform, device))
 
 
-# -- the cache -----------------------------------------------------------------------------------------
+# -- the cache -------------------------------------------------------------------------------------
 class CacheWarning(UserWarning):
-    """A cache entry was unusable (corrupt, truncated, half-written, non-finite): it is trained again."""
+    """A cache entry was unusable (corrupt, truncated, half-written, non-finite): it is trained
+    again."""
 
 
 @dataclass
@@ -223,32 +113,35 @@ class Trained:
     task: Task  # the task (verifier, examples)
     history: History  # the training metrics
     path: str  # the cache directory (``path/model`` is the Hugging Face checkpoint)
-    seconds: float  # training wall time, as recorded when it was trained (if resumed: since the resume)
+    # training wall time, as recorded when it was trained (if resumed: since the resume)
+    seconds: float
     trained_now: bool  # True if this call trained it (False: loaded from the cache)
 
 
-_USED: dict[tuple[str, str, str], dict[str, str]] = {}  # (name, scale, key) -> code hashes, first use first
+# (name, scale, key) -> code hashes, first use first
+_USED: dict[tuple[str, str, str], dict[str, str]] = {}
 
 
 def used() -> list[tuple[str, str]]:
-    """``(name, key)`` of every recipe loaded in this process and of the recipes it started from, first use first,
-    parents before children (a notebook's footer lists them). The same list whether they were trained now or read
-    from the cache."""
+    """``(name, key)`` of every recipe loaded in this process and of the recipes it started from,
+    first use first, parents before children (a notebook's footer lists them). The same list whether
+    they were trained now or read from the cache."""
     return [(name, k) for name, _, k in _USED]
 
 
 def used_code() -> dict[str, str]:
-    """``{module: hash}`` over the keys of every recipe :func:`used` lists: what a footer records, so that a later
-    code state can name the modules that moved (:func:`moved_modules`)."""
+    """``{module: hash}`` over the keys of every recipe :func:`used` lists: what a footer records,
+    so that a later code state can name the modules that moved (:func:`moved_modules`)."""
     out: dict[str, str] = {}
     for hashes in _USED.values():
         out.update(hashes)
     return dict(sorted(out.items()))
 
 
-def moved_modules(recorded: dict[str, str], source: Callable[[str], str] | None = None) -> list[str]:
-    """The modules of ``recorded`` (``{module: hash}``, from :func:`used_code`) whose code is not what it was:
-    changed, or gone."""
+def moved_modules(recorded: dict[str, str],
+                  source: Callable[[str], str] | None = None) -> list[str]:
+    """The modules of ``recorded`` (``{module: hash}``, from :func:`used_code`) whose code is not
+    what it was: changed, or gone."""
     moved = []
     for module, digest in sorted(recorded.items()):
         try:
@@ -262,21 +155,23 @@ def moved_modules(recorded: dict[str, str], source: Callable[[str], str] | None 
 
 def load_recipe(recipe: Recipe, device: torch.device | str, dtype: torch.dtype = torch.float32, *,
                 verbose: bool = False) -> Trained:
-    """The trained model of ``recipe`` on ``device``, trained under autocast ``dtype`` (bfloat16 on CUDA, else
-    float32): loaded from the cache, or trained now (its parent first) and cached. ``verbose``: one line per
-    recipe, without paths. :func:`halluc_lab.recipes.load` takes a name and a runtime instead."""
+    """The trained model of ``recipe`` on ``device``, trained under autocast ``dtype`` (bfloat16 on
+    CUDA, else float32): loaded from the cache, or trained now (its parent first) and cached.
+    ``verbose``: one line per recipe, without paths. :func:`halluc_lab.recipes.load` takes a name
+    and a runtime instead."""
     device = torch.device(device)
     platform = Platform.here(device, dtype)
     path = os.path.join(usable_root(), "recipes", recipe.name, key(recipe, platform))
     trained_now, main = False, distributed.is_main()
     try:
-        # Under torchrun rank 0 checks the entry and holds the lock, every rank trains (the loops shard the data),
-        # and rank 0 alone writes: the ranks must share one filesystem.
+        # Under torchrun rank 0 checks the entry and holds the lock, every rank trains (the loops
+        # shard the data), and rank 0 alone writes: the ranks must share one filesystem.
         if distributed.broadcast_object(main and _fault(path, recipe, platform) is not None):
             os.makedirs(os.path.dirname(path), exist_ok=True)
             with FileLock(path + ".lock") if main else contextlib.nullcontext():
                 # None if another process finished it meanwhile
-                fault = distributed.broadcast_object(_fault(path, recipe, platform) if main else None)
+                fault = distributed.broadcast_object(_fault(path, recipe, platform) if main
+                                                     else None)
                 if fault is not None:
                     if main:
                         _discard(path, fault)
@@ -287,12 +182,16 @@ def load_recipe(recipe: Recipe, device: torch.device | str, dtype: torch.dtype =
     except OSError as e:
         if isinstance(e, CacheError):
             raise
-        raise CacheError(f"{recipe.name}: the cache entry {path} cannot be used ({type(e).__name__}: "
-                         f"{e.strerror or e}); {_where()} must be a folder this process can read and write") from e
-    for r in lineage(recipe):  # a cached recipe's parents were not loaded, but its weights come from them
+        raise CacheError(f"{recipe.name}: the cache entry {path} cannot be used "
+                         f"({type(e).__name__}: "
+                         f"{e.strerror or e}); {_where()} must be a folder this process can "
+                         "read and write") from e
+    # a cached recipe's parents were not loaded, but its weights come from them
+    for r in lineage(recipe):
         _USED.setdefault((r.name, r.scale, key(r, platform)), code_hashes(r))
     if verbose and not trained_now and distributed.is_main():
-        print(f"{recipe.name} ({recipe.scale}): loaded from the cache (trained in {out.seconds:.0f} s)")
+        print(f"{recipe.name} ({recipe.scale}): loaded from the cache (trained in "
+              f"{out.seconds:.0f} s)")
     return out
 
 
@@ -300,10 +199,12 @@ DONE = "DONE"  # the entry's manifest, {"sha256": {file: digest}} of every other
 
 
 def _files(path: str) -> list[str]:
-    """The files of an entry, relative and '/'-separated, without the manifest, checkpoints and dotfiles."""
+    """The files of an entry, relative and '/'-separated, without the manifest, checkpoints and
+    dotfiles."""
     out = []
     for root, dirs, files in os.walk(path):
-        dirs[:] = [d for d in dirs if not d.startswith(".") and not (root == path and d == "checkpoints")]
+        dirs[:] = [d for d in dirs if not d.startswith(".")
+                   and not (root == path and d == "checkpoints")]
         out += [os.path.relpath(os.path.join(root, f), path).replace(os.sep, "/") for f in files
                 if not f.startswith(".") and not (root == path and f == DONE)]
     return sorted(out)
@@ -315,15 +216,17 @@ def _json(path: str):
 
 
 def _fault(path: str, recipe: Recipe, platform: Platform) -> str | None:
-    """What is wrong with the entry at ``path`` ("" if there are no files yet, or checkpoints only), or None
-    if it is complete, each file has its recorded SHA-256 and the weights are finite. Raises if it is intact but
-    of another recipe or platform."""
+    """What is wrong with the entry at ``path`` ("" if there are no files yet, or checkpoints only),
+    or None if it is complete, each file has its recorded SHA-256 and the weights are finite. Raises
+    if it is intact but of another recipe or platform."""
     if not os.path.exists(os.path.join(path, DONE)):
         left = _files(path) if os.path.isdir(path) else []
         return f"no {DONE} file but {left}: an interrupted write" if left else ""
     try:
-        recorded = {str(f): str(digest) for f, digest in _json(os.path.join(path, DONE))["sha256"].items()}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:  # not the JSON _train writes
+        recorded = {str(f): str(digest)
+                    for f, digest in _json(os.path.join(path, DONE))["sha256"].items()}
+    # not the JSON _train writes
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         return f"{DONE} is not a manifest of checksums ({type(e).__name__}: {e})"
     files = _files(path)
     if files != sorted(recorded) or "recipe.json" not in recorded:
@@ -331,32 +234,39 @@ def _fault(path: str, recipe: Recipe, platform: Platform) -> str | None:
     bad = [f for f in files if file_sha256(os.path.join(path, f)) != recorded[f]]
     if bad:
         return f"{bad} differ from the SHA-256 recorded when written (corrupt or truncated)"
-    expected = json.loads(json.dumps(_identity(recipe, platform), sort_keys=True, default=str))  # as written
+    # as written
+    expected = json.loads(json.dumps(identity(recipe, platform), sort_keys=True, default=str))
     try:
         written = _json(os.path.join(path, "recipe.json"))
     except ValueError as e:
         return f"recipe.json is not JSON ({e})"
     if written != expected:
-        raise ValueError(f"{path} holds a checkpoint of a different recipe or platform (same key, other "
-                         "config): delete the directory or bump recipe_cache.FORMAT_VERSION")
+        raise ValueError(f"{path} holds a checkpoint of a different recipe or platform "
+                         "(same key, other "
+                         "config): delete the directory or bump cache_key.FORMAT_VERSION")
     return _unloadable(path, recipe)
 
 
 def _unloadable(path: str, recipe: Recipe) -> str | None:
-    """Why an entry whose checksums match cannot be used — it does not load, or its weights hold NaN or inf —
-    or None. Checksums catch damage after the write; this catches what was wrong when written (or re-hashed)."""
+    """Why an entry whose checksums match cannot be used — it does not load, or its weights hold NaN
+    or inf — or None. Checksums catch damage after the write; this catches what was wrong when
+    written (or re-hashed)."""
     try:
         model = _read(path, recipe, torch.device("cpu"), False).model
-    except Exception as e:  # noqa: BLE001 - whatever a damaged file raises, the entry is trained again
+    # whatever a damaged file raises, the entry is trained again
+    except Exception as e:  # noqa: BLE001
         return f"it does not load ({type(e).__name__}: {e})"
-    bad = [k for k, t in model.state_dict().items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+    bad = [k for k, t in model.state_dict().items() if t.is_floating_point()
+           and not bool(torch.isfinite(t).all())]
     return f"its weights {bad[:5]}{' …' if len(bad) > 5 else ''} hold NaN or inf" if bad else None
 
 
 def _discard(path: str, fault: str) -> None:
-    """Report a faulty entry and delete all of it but its checkpoints (a killed run resumes from them)."""
+    """Report a faulty entry and delete all of it but its checkpoints (a killed run resumes from
+    them)."""
     root = os.path.realpath(os.path.join(cache_root(), "recipes"))
-    if os.path.commonpath([root, os.path.realpath(path)]) != root:  # Recipe's name check keeps this from happening
+    # Recipe's name check keeps this from happening
+    if os.path.commonpath([root, os.path.realpath(path)]) != root:
         raise CacheError(f"refusing to delete {path}: it lies outside {root}")
     if fault:
         warnings.warn(f"{path}: {fault}; training it again", CacheWarning, stacklevel=3)
@@ -369,7 +279,8 @@ def _discard(path: str, fault: str) -> None:
 
 def _run(recipe: Recipe, checkpoints: str, device: torch.device, dtype: torch.dtype,
          verbose: bool) -> tuple[Transformer, History]:
-    """Train from the parent's weights (loaded or trained first) or a seeded random init; resume if possible."""
+    """Train from the parent's weights (loaded or trained first) or a seeded random init; resume if
+    possible."""
     if recipe.parent is None:
         model = Transformer(recipe.model, seed=recipe.seed).to(device)
     else:
@@ -377,7 +288,8 @@ def _run(recipe: Recipe, checkpoints: str, device: torch.device, dtype: torch.dt
     return model, recipe.stage.fit(recipe, model, device, dtype, checkpoints)
 
 
-def _train(recipe: Recipe, path: str, device: torch.device, platform: Platform, verbose: bool) -> None:
+def _train(recipe: Recipe, path: str, device: torch.device, platform: Platform,
+           verbose: bool) -> None:
     """Train (resuming from ``path/checkpoints``), write the entry's files, then its manifest."""
     dtype = getattr(torch, platform.dtype.removeprefix("torch."))
     checkpoints = os.path.join(path, "checkpoints")
@@ -398,13 +310,15 @@ def _train(recipe: Recipe, path: str, device: torch.device, platform: Platform, 
         _write(recipe, path, model, hist, seconds, device, platform, resumed)
     distributed.barrier()
     if verbose:
-        how, ranks = "trained" if resumed is None else f"resumed from {os.path.basename(resumed)}", platform.processes
+        how = "trained" if resumed is None else f"resumed from {os.path.basename(resumed)}"
+        ranks = platform.processes
         print(f"{recipe.name} ({recipe.scale}): {how}, {recipe.train.steps} steps on {device.type}"
-              f"{f' × {ranks} processes' if ranks > 1 else ''} in {seconds:.1f} s, final loss {hist.loss[-1]:.3f}")
+              f"{f' × {ranks} processes' if ranks > 1 else ''} in {seconds:.1f} s, final loss "
+              f"{hist.loss[-1]:.3f}")
 
 
-def _write(recipe: Recipe, path: str, model: nn.Module, hist: History, seconds: float, device: torch.device,
-           platform: Platform, resumed: str | None) -> None:
+def _write(recipe: Recipe, path: str, model: nn.Module, hist: History, seconds: float,
+           device: torch.device, platform: Platform, resumed: str | None) -> None:
     """Write a trained entry's files, then its manifest, and drop its checkpoints."""
     checkpoints = os.path.join(path, "checkpoints")
     tok = make_task(recipe.task).tokenizer()
@@ -415,7 +329,7 @@ def _write(recipe: Recipe, path: str, model: nn.Module, hist: History, seconds: 
             "resumed_from": None if resumed is None else os.path.basename(resumed),
             "processes": platform.processes}
     for name, data in (("history.json", hist.to_dict()), ("meta.json", meta),
-                       ("recipe.json", _identity(recipe, platform))):
+                       ("recipe.json", identity(recipe, platform))):
         with open(os.path.join(path, name), "w", encoding="utf-8") as f:
             json.dump(data, f, sort_keys=True, default=str, indent=1)
     manifest = {"sha256": {name: file_sha256(os.path.join(path, name)) for name in _files(path)}}

@@ -8,12 +8,12 @@ One module per task, sharing :mod:`halluc_lab.tasks.base`:
 * :mod:`~halluc_lab.tasks.path_star` — path-star graphs (Bachmann & Nagarajan, 2024);
 * :mod:`~halluc_lab.tasks.dead_ends` — path-star graphs whose wrong first step meets a dead end k
   tokens later (or never), and retry data that takes it back (chapter 10's fair test);
-* :mod:`~halluc_lab.tasks.kb_growth` — a kb_walk world that grows new entities, relations and facts (chapter
-  12's continual learning);
-* :mod:`~halluc_lab.tasks.sycophancy` — arithmetic prompts that carry the user's stated answer, right or wrong
-  (chapter 12's sycophancy);
-* :mod:`~halluc_lab.tasks.in_context` — a fresh rule in every prompt, given only by its examples (chapter 12's
-  in-context learning).
+* :mod:`~halluc_lab.tasks.kb_growth` — a kb_walk world that grows new entities, relations and facts
+  (chapter 12's continual learning);
+* :mod:`~halluc_lab.tasks.sycophancy` — arithmetic prompts that carry the user's stated answer,
+  right or wrong (chapter 12's sycophancy);
+* :mod:`~halluc_lab.tasks.in_context` — a fresh rule in every prompt, given only by its examples
+  (chapter 12's in-context learning).
 
 Every task's ``reward`` has the signature ``(prompts, completions, **kw) -> list[float]``
 and ``claims`` says which parts of a completion are supported::
@@ -26,8 +26,9 @@ and ``claims`` says which parts of a completion are supported::
 
 from halluc_lab.tasks.arithmetic import Arithmetic, ArithmeticConfig
 from halluc_lab.tasks.in_context import InContext, InContextConfig
-from halluc_lab.tasks.base import (ABSTAINED, CONTRADICTED, HALLUCINATED, MALFORMED, SPLITS, SUPPORTED,
-                                   UNSUPPORTED, Claim, Example, Task, completion_symbols, make_task)
+from halluc_lab.tasks.base import (ABSTAINED, CONTRADICTED, HALLUCINATED, MALFORMED, SPLITS,
+                                   SUPPORTED, UNSUPPORTED, Claim, Example, Task, completion_symbols,
+                                   make_task)
 from halluc_lab.tasks.kb_growth import KBGrowth, KBGrowthConfig
 from halluc_lab.tasks.kb_walk import KBWalk, KBWalkConfig
 from halluc_lab.tasks.sycophancy import Sycophancy, SycophancyConfig
@@ -38,7 +39,8 @@ TaskConfig = (KBWalkConfig | ArithmeticConfig | PathStarConfig | InContextConfig
               | SycophancyConfig | DeadEndsConfig)
 
 
-__all__ = ["Arithmetic", "ArithmeticConfig", "InContext", "InContextConfig", "KBGrowth", "KBGrowthConfig", "Sycophancy", "SycophancyConfig", "KBWalk", "KBWalkConfig", "PathStar", "PathStarConfig",
-           "DeadEnds", "DeadEndsConfig", "Task", "TaskConfig", "Example", "Claim", "make_task",
-           "completion_symbols", "SPLITS",
-           "SUPPORTED", "CONTRADICTED", "UNSUPPORTED", "ABSTAINED", "MALFORMED", "HALLUCINATED"]
+__all__ = ["Arithmetic", "ArithmeticConfig", "InContext", "InContextConfig", "KBGrowth",
+           "KBGrowthConfig", "Sycophancy", "SycophancyConfig", "KBWalk", "KBWalkConfig", "PathStar",
+           "PathStarConfig", "DeadEnds", "DeadEndsConfig", "Task", "TaskConfig", "Example", "Claim",
+           "make_task", "completion_symbols", "SPLITS", "SUPPORTED", "CONTRADICTED", "UNSUPPORTED",
+           "ABSTAINED", "MALFORMED", "HALLUCINATED"]

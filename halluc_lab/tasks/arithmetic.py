@@ -10,12 +10,13 @@ which carries are computed, which makes the task much easier for a left-to-right
 * **Pre-training** documents are train-split equations ``a + b = c .`` back to back.
 * **Claims**: each answer digit is one claim; it is supported when it equals the sum's digit
   at that place, contradicted otherwise; digits beyond the sum's length are unsupported.
-* **Chain of thought** (``scratchpad``, chapter 12; 001 Part 5 §2, y = (r_1:K, a)): the completion first
-  writes the columns, least significant first, each as ``x y c k s ;`` (the digits, the carry in, the carry
-  out and the column's digit: x + y + c = 10 k + s), then ``:`` and the sum. 001's ``17 + 25`` is
-  ``1 7 + 2 5 =`` → ``7 5 0 1 2 ; 1 2 1 0 4 ; : 4 2``. The verifier asks for the whole completion, the
-  reasoning included; :meth:`Arithmetic.final_answer` reads the answer alone, and
-  :meth:`Arithmetic.implied_answer` the sum the written working spells (does the answer follow from it?).
+* **Chain of thought** (``scratchpad``, chapter 12; 001 Part 5 §2, y = (r_1:K, a)): the completion
+  first writes the columns, least significant first, each as ``x y c k s ;`` (the digits, the carry
+  in, the carry out and the column's digit: x + y + c = 10 k + s), then ``:`` and the sum. 001's
+  ``17 + 25`` is ``1 7 + 2 5 =`` → ``7 5 0 1 2 ; 1 2 1 0 4 ; : 4 2``. The verifier asks for the
+  whole completion, the reasoning included; :meth:`Arithmetic.final_answer` reads the answer alone,
+  and :meth:`Arithmetic.implied_answer` the sum the written working spells (does the answer follow
+  from it?).
 """
 
 from __future__ import annotations
@@ -25,11 +26,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from halluc_lab.tasks.base import (CONTRADICTED, MALFORMED, SUPPORTED, UNSUPPORTED, Claim, Example,
-                                   Task, check_count, check_split, completion_symbols, document, rng_for,
-                                   split_of)
+                                   Task, check_count, check_split, completion_symbols, document,
+                                   rng_for, split_of)
 
 DIGITS = tuple("0123456789")
-COLUMN_END, ANSWER = ";", ":"  # the scratchpad's separators (only in a scratchpad task's vocabulary)
+# the scratchpad's separators (only in a scratchpad task's vocabulary)
+COLUMN_END, ANSWER = ";", ":"
 _MAX_TRIES = 10_000  # rejection-sampling budget per example
 
 
@@ -102,28 +104,32 @@ class Arithmetic(Task):
         return [*steps, ANSWER, *self._answer(a, b)]
 
     def final_answer(self, completion: str | Sequence[str]) -> list[str]:
-        """The answer a completion gives: what follows its last ``:`` with a scratchpad, all of it without."""
+        """The answer a completion gives: what follows its last ``:`` with a scratchpad, all of it
+        without."""
         said = completion_symbols(completion)
         if not self.config.scratchpad:
             return said
         return said[len(said) - said[::-1].index(ANSWER):] if ANSWER in said else []
 
     def implied_answer(self, completion: str | Sequence[str]) -> list[str] | None:
-        """The sum a scratchpad's own working spells, right or wrong: its columns' digits ``s`` and the last
-        carry out ``k`` (when not 0), in the task's answer order; None when the working before ``:`` is not
-        whole columns ``x y c k s ;`` of digits. Beside :meth:`final_answer` it tells whether an answer follows
-        from the reasoning written before it.
+        """The sum a scratchpad's own working spells, right or wrong: its columns' digits ``s`` and
+        the last carry out ``k`` (when not 0), in the task's answer order; None when the working
+        before ``:`` is not whole columns ``x y c k s ;`` of digits. Beside :meth:`final_answer` it
+        tells whether an answer follows from the reasoning written before it.
 
         >>> task = Arithmetic(ArithmeticConfig(max_digits=2, scratchpad=True))
-        >>> task.implied_answer("7 5 0 1 2 ; 1 2 1 0 4 ; : 4 3"), task.implied_answer("7 5 0 1 2 : 4 2")
+        >>> (task.implied_answer("7 5 0 1 2 ; 1 2 1 0 4 ; : 4 3"),
+        ...  task.implied_answer("7 5 0 1 2 : 4 2"))
         (['4', '2'], None)
         """
         if not self.config.scratchpad:
-            raise ValueError("implied_answer needs a scratchpad task (ArithmeticConfig(scratchpad=True))")
+            raise ValueError("implied_answer needs a scratchpad task "
+                             "(ArithmeticConfig(scratchpad=True))")
         said = completion_symbols(completion)
         working = said[:said.index(ANSWER)] if ANSWER in said else said
         columns = [working[i:i + 6] for i in range(0, len(working), 6)]
-        if not columns or any(len(c) != 6 or c[5] != COLUMN_END or not all(d in DIGITS for d in c[:5])
+        if not columns or any(len(c) != 6 or c[5] != COLUMN_END
+                              or not all(d in DIGITS for d in c[:5])
                               for c in columns):
             return None
         digits = [c[4] for c in columns]  # least significant first
@@ -140,11 +146,14 @@ class Arithmetic(Task):
     def _draw(self, rng: random.Random, split: str, answer_digits: int | None) -> tuple[int, int]:
         for _ in range(_MAX_TRIES):
             a, b = self._operand(rng), self._operand(rng)
-            if self.split(a, b) == split and (answer_digits is None or len(str(a + b)) == answer_digits):
+            if self.split(a, b) == split and (answer_digits is None
+                                              or len(str(a + b)) == answer_digits):
                 return a, b
-        raise ValueError(f"could not draw a {split} pair with a {answer_digits}-digit sum in {_MAX_TRIES} tries")
+        raise ValueError(f"could not draw a {split} pair with a {answer_digits}-digit sum in "
+                         f"{_MAX_TRIES} tries")
 
-    def examples(self, split: str, n: int, seed: int, answer_digits: int | None = None) -> list[Example]:
+    def examples(self, split: str, n: int, seed: int,
+                 answer_digits: int | None = None) -> list[Example]:
         """``n`` equations of the split; ``answer_digits`` fixes the length of the sum."""
         check_split(split)
         check_count("n", n)
@@ -156,7 +165,8 @@ class Arithmetic(Task):
         return [self.example(*self._draw(rng, split, answer_digits)) for _ in range(n)]
 
     def examples_by_length(self, split: str, n: int, seed: int) -> dict[int, list[Example]]:
-        """``n`` equations of the split for each length of the sum, ``min_digits`` … ``max_digits + 1``."""
+        """``n`` equations of the split for each length of the sum,
+        ``min_digits`` … ``max_digits + 1``."""
         return {k: self.examples(split, n, seed, answer_digits=k)
                 for k in range(self.config.min_digits, self.config.max_digits + 2)}
 
@@ -177,11 +187,13 @@ class Arithmetic(Task):
     def corpus(self, seed: int) -> list[list[Example]]:
         """The equations of :meth:`pretraining_documents`, document by document."""
         rng = rng_for(seed, "arithmetic-pretrain")
-        return [[self.example(*self._draw(rng, "train", None)) for _ in range(self.config.equations_per_document)]
+        return [[self.example(*self._draw(rng, "train", None))
+                 for _ in range(self.config.equations_per_document)]
                 for _ in range(self.config.n_pretrain_documents)]
 
     def claims(self, prompt: str, completion: str | Sequence[str]) -> list[Claim]:
-        """One claim per symbol written (the answer's digits; with a scratchpad, the working's too), in order."""
+        """One claim per symbol written (the answer's digits; with a scratchpad, the working's too),
+        in order."""
         gold = self.gold(prompt).split()
         out = []
         for i, s in enumerate(completion_symbols(completion)):
@@ -195,7 +207,8 @@ class Arithmetic(Task):
         return out
 
     def plausible_error(self, example: Example, position: int, rng: random.Random) -> str:
-        """The right digit off by one (a dropped or spurious carry); at a scratchpad separator, a digit."""
+        """The right digit off by one (a dropped or spurious carry); at a scratchpad separator, a
+        digit."""
         gold = example.completion.split()
         if not 0 <= position < len(gold):
             raise ValueError(f"position must be in [0, {len(gold)}), got {position!r}")

@@ -75,10 +75,10 @@ def completion_symbols(completion: str | Sequence[str]) -> list[str]:
 
 
 def writing(completion: str | Sequence[str], text: list[str] | None = None) -> Iterator[str]:
-    """Read a completion as it was written: yields each symbol as it is about to be appended to ``text`` (the
-    symbols said so far, kept up to date in place), applying every ``<bksp>`` on the way and stopping at
-    ``<eos>``; afterwards ``text`` is :func:`completion_symbols`. For checks of what was ever written, not
-    only what survived.
+    """Read a completion as it was written: yields each symbol as it is about to be appended to
+    ``text`` (the symbols said so far, kept up to date in place), applying every ``<bksp>`` on the
+    way and stopping at ``<eos>``; afterwards ``text`` is :func:`completion_symbols`. For checks of
+    what was ever written, not only what survived.
 
     >>> said = []
     >>> [(w, " ".join(said)) for w in writing("4 7 <bksp> 6 <eos> 9", said)]
@@ -121,7 +121,8 @@ def check_count(name: str, n: int, low: int = 0, high: int | None = None) -> Non
 
 
 def check_fraction(name: str, value: float, zero_ok: bool = False) -> None:
-    """ValueError unless ``value`` is a number in (0, 1), or [0, 1) with ``zero_ok`` (so never NaN or inf)."""
+    """ValueError unless ``value`` is a number in (0, 1), or [0, 1) with ``zero_ok`` (so never NaN
+    or inf)."""
     real = isinstance(value, Real) and not isinstance(value, bool)
     if not (real and (0.0 <= value if zero_ok else 0.0 < value) and value < 1.0):
         raise ValueError(f"{name} must be in {'[0' if zero_ok else '(0'}, 1), got {value!r}")
@@ -179,8 +180,8 @@ def exact_reward(gold: list[str], said: list[str], *, correct_reward: float, abs
                  wrong_reward: float) -> float:
     """The reward of one cleaned completion against the gold one.
 
-    An abstention counts as one only if everything said before ``<abstain>`` agrees with the gold answer:
-    an answer that states a wrong fact and then abstains has hallucinated that fact.
+    An abstention counts as one only if everything said before ``<abstain>`` agrees with the gold
+    answer: an answer that states a wrong fact and then abstains has hallucinated that fact.
     """
     if said == gold:
         return correct_reward
@@ -191,14 +192,15 @@ def exact_reward(gold: list[str], said: list[str], *, correct_reward: float, abs
     return wrong_reward
 
 
-_TASK_OF_CONFIG: dict[type, type] = {}  # each config type's task, filled as task modules define them
+# each config type's task, filled as task modules define them
+_TASK_OF_CONFIG: dict[type, type] = {}
 
 
 def make_task(config) -> Task:
     """The task a config describes: ``make_task(ArithmeticConfig())`` is an :class:`Arithmetic`.
 
-    Each task class names its config (``config_type``), so a config's own module, imported with it, is the only
-    task module this needs: a recipe's code is its task's module, not every task's.
+    Each task class names its config (``config_type``), so a config's own module, imported with it,
+    is the only task module this needs: a recipe's code is its task's module, not every task's.
     """
     task = _TASK_OF_CONFIG.get(type(config))
     if task is None:
@@ -216,7 +218,8 @@ class Task:
     """
 
     name: str = "task"
-    config_type: type | None = None  # the frozen config this task is built from (make_task finds it by it)
+    # the frozen config this task is built from (make_task finds it by it)
+    config_type: type | None = None
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -250,8 +253,9 @@ class Task:
         raise NotImplementedError
 
     def replay_documents(self, seed: int) -> list[str]:
-        """The pre-training documents a later stage may replay (SFT's replay): all of them, unless the task keeps
-        some facts for evaluation only, which no post-training stage may show again."""
+        """The pre-training documents a later stage may replay (SFT's replay): all of them, unless
+        the task keeps some facts for evaluation only, which no post-training stage may show
+        again."""
         return self.pretraining_documents(seed)
 
     def plausible_error(self, example: Example, position: int, rng: random.Random) -> str:
@@ -271,11 +275,13 @@ class Task:
         look-ups are not learned through another prompt."""
         return split_of(prompt, 0.5, salt=9) == "heldout"  # independent of the train/held-out hash
 
-    def abstention_warranted(self, prompt: str, completion: str | Sequence[str], claim: Claim) -> bool:
+    def abstention_warranted(self, prompt: str, completion: str | Sequence[str],
+                             claim: Claim) -> bool:
         """Whether an ABSTAINED claim of ``completion`` is what an expert would say in the state the
         completion reached (not only on the gold path). Default: where the gold answer abstains."""
         if claim.status != ABSTAINED:
-            raise ValueError(f"claim must be an abstention (status {ABSTAINED!r}), got status {claim.status!r}")
+            raise ValueError(f"claim must be an abstention (status {ABSTAINED!r}), got status "
+                             f"{claim.status!r}")
         return claim.correct
 
     def reward(self, prompts: Sequence[str], completions: Sequence[str | Sequence[str]], *,
@@ -289,7 +295,8 @@ class Task:
         for name, value in (("correct_reward", correct_reward), ("abstain_reward", abstain_reward),
                             ("wrong_reward", wrong_reward)):
             check_finite(name, value)
-        gold = {p: completion_symbols(self.gold(p)) for p in dict.fromkeys(prompts)}  # G answers share a prompt
+        # G answers share a prompt
+        gold = {p: completion_symbols(self.gold(p)) for p in dict.fromkeys(prompts)}
         return [exact_reward(gold[p], completion_symbols(c), correct_reward=correct_reward,
                              abstain_reward=abstain_reward, wrong_reward=wrong_reward)
                 for p, c in zip(prompts, completions)]

@@ -1,21 +1,21 @@
 """In-context learning: a fresh rule in every prompt, given only by its examples.
 
-Chapter 12 (001 Part 5 §1: y ~ p(y | P, x; θ), P a prompt of input–output demonstrations, x a query, θ fixed).
-Every prompt draws its own rule, x ↦ x + c (mod 10) with a shift c in 1–9 that the prompt never names, shows
-``shots`` demonstrations of it and asks for a query::
+Chapter 12 (001 Part 5 §1: y ~ p(y | P, x; θ), P a prompt of input–output demonstrations, x a query,
+θ fixed). Every prompt draws its own rule, x ↦ x + c (mod 10) with a shift c in 1–9 that the prompt
+never names, shows ``shots`` demonstrations of it and asks for a query::
 
     3 > 8 ; 6 > 1 ; 9 >          gold: 4          (c = 5)
 
-One demonstration fixes c, so a model that infers the rule from the context answers any query. With no
-demonstration the prompt does not determine the answer, and the right completion is ``<abstain>``: a digit there
-is a guess, right one time in nine. The weights cannot hold the answer: across prompts every query digit maps to
-every answer. This is 001's "7 ↦ 49" in form — a rule
+One demonstration fixes c, so a model that infers the rule from the context answers any query. With
+no demonstration the prompt does not determine the answer, and the right completion is
+``<abstain>``: a digit there is a guess, right one time in nine. The weights cannot hold the answer:
+across prompts every query digit maps to every answer. This is 001's "7 ↦ 49" in form — a rule
 learnt from the prompt alone — small enough for the lab's models.
 
-* **Splits**: a prompt (its demonstrations and query) is train or held-out by a hash, so held-out prompts are
-  new combinations; the rules themselves are the same nine in both.
-* **Pre-training** documents are train prompts with their answers, ``… ; 9 > 4 .``, back to back, with 0 to
-  ``max_shots`` demonstrations each.
+* **Splits**: a prompt (its demonstrations and query) is train or held-out by a hash, so held-out
+  prompts are new combinations; the rules themselves are the same nine in both.
+* **Pre-training** documents are train prompts with their answers, ``… ; 9 > 4 .``, back to back,
+  with 0 to ``max_shots`` demonstrations each.
 * **Claims**: the answer is one claim, supported when it is the rule's value.
 """
 
@@ -25,9 +25,9 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from halluc_lab.tasks.base import (ABSTAINED, CONTRADICTED, MALFORMED, SUPPORTED, UNSUPPORTED, Claim, Example,
-                                   Task, check_count, check_fraction, check_split, completion_symbols, document,
-                                   rng_for, split_of)
+from halluc_lab.tasks.base import (ABSTAINED, CONTRADICTED, MALFORMED, SUPPORTED, UNSUPPORTED,
+                                   Claim, Example, Task, check_count, check_fraction, check_split,
+                                   completion_symbols, document, rng_for, split_of)
 from halluc_lab.model.tokenizer import ABSTAIN
 
 DIGITS = tuple("0123456789")
@@ -38,7 +38,8 @@ _MAX_TRIES = 10_000  # rejection-sampling budget per example
 class InContextConfig:
     """How many demonstrations a prompt shows, the split and the corpus size."""
 
-    max_shots: int = 4  # a prompt shows 0 .. max_shots demonstrations (distinct inputs, the query not among them)
+    # a prompt shows 0 .. max_shots demonstrations (distinct inputs, the query not among them)
+    max_shots: int = 4
     heldout_fraction: float = 0.2  # fraction of prompts held out
     n_pretrain_documents: int = 2000  # documents in the pre-training corpus
     prompts_per_document: int = 4  # prompts (with answers) per document
@@ -73,13 +74,16 @@ class InContext(Task):
 
     @staticmethod
     def example(shift: int, shown: Sequence[int], query: int) -> Example:
-        """The prompt showing ``shown`` under x ↦ x + ``shift`` (mod 10), then asking for ``query``."""
+        """The prompt showing ``shown`` under x ↦ x + ``shift`` (mod 10), then asking for
+        ``query``."""
         if not 1 <= shift <= 9 or query in shown or len(set(shown)) != len(shown) \
                 or not all(0 <= x <= 9 for x in (*shown, query)):
-            raise ValueError(f"need a shift in 1..9 and distinct digits with the query not shown, got "
+            raise ValueError("need a shift in 1..9 and distinct digits with the query "
+                             "not shown, got "
                              f"shift={shift}, shown={list(shown)}, query={query}")
         pairs = [f"{x} > {(x + shift) % 10} ;" for x in shown]
-        return Example(" ".join([*pairs, f"{query} >"]), str((query + shift) % 10) if shown else ABSTAIN)
+        return Example(" ".join([*pairs, f"{query} >"]),
+                       str((query + shift) % 10) if shown else ABSTAIN)
 
     def split(self, prompt: str) -> str:
         """The split of a prompt."""
@@ -92,7 +96,8 @@ class InContext(Task):
             ex = self.example(rng.randint(1, 9), digits[:k], digits[k])
             if self.split(ex.prompt) == split:
                 return ex
-        raise ValueError(f"could not draw a {split} prompt with {shots} shots in {_MAX_TRIES} tries")
+        raise ValueError(f"could not draw a {split} prompt with {shots} shots "
+                         f"in {_MAX_TRIES} tries")
 
     def examples(self, split: str, n: int, seed: int, shots: int | None = None) -> list[Example]:
         """``n`` prompts of the split; ``shots`` fixes how many demonstrations each shows."""
@@ -104,7 +109,8 @@ class InContext(Task):
         return [self._draw(rng, split, shots) for _ in range(n)]
 
     def examples_by_length(self, split: str, n: int, seed: int) -> dict[int, list[Example]]:
-        """``n`` prompts of the split for each number of shots, 0 … ``max_shots`` (the task's measure of length)."""
+        """``n`` prompts of the split for each number of shots, 0 … ``max_shots`` (the task's
+        measure of length)."""
         return {k: self.examples(split, n, seed, shots=k) for k in range(self.config.max_shots + 1)}
 
     def _parse(self, prompt: str) -> tuple[list[tuple[int, int]], int]:
@@ -116,24 +122,29 @@ class InContext(Task):
                 raise ValueError
             return shown, int(query[0])
         except ValueError:
-            raise ValueError(f"not an in-context prompt (expected 'x > y ; … ; q >'): {prompt!r}") from None
+            raise ValueError("not an in-context prompt (expected 'x > y ; … ; q >'): "
+                             f"{prompt!r}") from None
 
     def gold(self, prompt: str) -> str:
         shown, query = self._parse(prompt)
         shifts = {(y - x) % 10 for x, y in shown}
         if len(shifts) > 1 or 0 in shifts:
-            raise ValueError(f"the demonstrations of {prompt!r} follow no rule x ↦ x + c (mod 10), c in 1..9")
-        return str((query + shifts.pop()) % 10) if shifts else ABSTAIN  # no demonstration: nothing to go on
+            raise ValueError(f"the demonstrations of {prompt!r} follow no rule x ↦ x + c (mod "
+                             "10), c in 1..9")
+        # no demonstration: nothing to go on
+        return str((query + shifts.pop()) % 10) if shifts else ABSTAIN
 
     def pretraining_documents(self, seed: int) -> list[str]:
         """Train prompts with their answers, ``prompts_per_document`` per document."""
         rng = rng_for(seed, "in_context-pretrain")
-        return [document([self._draw(rng, "train", None) for _ in range(self.config.prompts_per_document)])
+        return [document([self._draw(rng, "train", None)
+                          for _ in range(self.config.prompts_per_document)])
                 for _ in range(self.config.n_pretrain_documents)]
 
     def claims(self, prompt: str, completion: str | Sequence[str]) -> list[Claim]:
-        """One claim per symbol written; the first is the answer. A digit where the prompt shows no demonstration
-        is unsupported (a guess), right or not; anything after the answer is unsupported too."""
+        """One claim per symbol written; the first is the answer. A digit where the prompt shows no
+        demonstration is unsupported (a guess), right or not; anything after the answer is
+        unsupported too."""
         gold = self.gold(prompt)
         out = []
         for i, s in enumerate(completion_symbols(completion)):
@@ -149,7 +160,8 @@ class InContext(Task):
         return out
 
     def plausible_error(self, example: Example, position: int, rng: random.Random) -> str:
-        """The value under a neighbouring shift (one off); where the gold answer abstains, any digit."""
+        """The value under a neighbouring shift (one off); where the gold answer abstains, any
+        digit."""
         if position != 0:
             raise ValueError(f"position must be 0 (the answer is one symbol), got {position!r}")
         if example.completion == ABSTAIN:

@@ -51,9 +51,9 @@ from halluc_lab.model.tokenizer import ABSTAIN
 _CONSONANTS = "bdfgklmnprstvz"
 _VOWELS = "aeiou"
 _MAX_TRIES = 10_000  # rejection-sampling budget per example before giving up with an error
-# Far beyond what the recipes use (120 entities, 6 relations) and below the 68,600 two-syllable entity
-# names and 980 one-syllable relation names: the largest world, 250,000 (entity, relation) pairs, builds
-# in about half a second.
+# Far beyond what the recipes use (120 entities, 6 relations) and below the 68,600 two-syllable
+# entity names and 980 one-syllable relation names: the largest world, 250,000 (entity, relation)
+# pairs, builds in about half a second.
 MAX_ENTITIES = 5_000
 MAX_RELATIONS = 50
 # Held-out chains by what they look up (KBWalk.kind); the last two are the hard ones, which no stage
@@ -75,12 +75,14 @@ class KBWalkConfig:
     n_relations: int = 4  # number of invented relation names, at most MAX_RELATIONS
     p_missing: float = 0.1  # fraction of (entity, relation) pairs with no fact (answer: <abstain>)
     p_rare: float = 0.2  # fraction of facts that are rare in pre-training
-    rare_counts: tuple[int, int] = (1, 3)  # a rare fact appears between these many times (inclusive)
+    # a rare fact appears between these many times (inclusive)
+    rare_counts: tuple[int, int] = (1, 3)
     common_count: int = 100  # a common fact appears this many times in the pre-training corpus
     facts_per_document: int = 8  # fact sentences per pre-training document
     max_hops: int = 3  # chains have between 1 and max_hops steps
     heldout_fraction: float = 0.2  # fraction of chains (start, relations) held out
-    train_missing_fraction: float = 0.5  # fraction of fact-less pairs train chains may use (to learn abstaining)
+    # fraction of fact-less pairs train chains may use (to learn abstaining)
+    train_missing_fraction: float = 0.5
     # The share of rare facts and reserved pairs kept for evaluation only (no stage learns them).
     evaluation_fraction: float = 0.5
     world_seed: int = 0  # determines names, facts, rarity and the split
@@ -97,7 +99,8 @@ class KBWalkConfig:
             check_fraction(name, getattr(self, name), zero_ok=zero_ok)
         rc = self.rare_counts
         if not (isinstance(rc, (tuple, list)) and len(rc) == 2
-                and all(isinstance(c, int) and not isinstance(c, bool) for c in rc) and 1 <= rc[0] <= rc[1]):
+                and all(isinstance(c, int) and not isinstance(c, bool) for c in rc)
+                and 1 <= rc[0] <= rc[1]):
             raise ValueError(f"rare_counts must be (lo, hi) ints with 1 <= lo <= hi, got {rc!r}")
 
 
@@ -144,13 +147,15 @@ class KBWalk(Task):
             for r in self.relations:
                 if rng.random() < config.p_missing:
                     continue
-                # The j-th entity other than e. randrange(n - 1) draws what rng.choice did on the list of the
-                # other n - 1 entities, without building that list for each pair (which was quadratic in
-                # n_entities); the worlds are bit-identical, and tests/unit/test_tasks.py pins them.
+                # The j-th entity other than e. randrange(n - 1) draws what rng.choice did on the
+                # list of the other n - 1 entities, without building that list for each pair (which
+                # was quadratic in n_entities); the worlds are bit-identical, and
+                # tests/unit/test_tasks.py pins them.
                 j = rng.randrange(n - 1)
                 self.facts[(e, r)] = self.entities[j + (j >= i)]
                 rare = rng.random() < config.p_rare
-                self.counts[(e, r)] = rng.randint(*config.rare_counts) if rare else config.common_count
+                self.counts[(e,
+                             r)] = rng.randint(*config.rare_counts) if rare else config.common_count
         self._entity_set = frozenset(self.entities)
 
     # -- the world -------------------------------------------------------------------
@@ -279,7 +284,8 @@ class KBWalk(Task):
                 if self._in_split(split, start, rels):
                     break
             else:
-                raise ValueError(f"could not draw a {split} chain in {_MAX_TRIES} tries: the world has too "
+                raise ValueError(f"could not draw a {split} chain in {_MAX_TRIES} tries: the "
+                                 "world has too "
                                  f"few common facts or usable pairs for this split")
             out.append(Example(" ".join([start, *rels, "="]), " ".join(self.walk(start, rels))))
         return out
@@ -297,7 +303,8 @@ class KBWalk(Task):
 
     def examples_by_length(self, split: str, n: int, seed: int) -> dict[int, list[Example]]:
         """``n`` chains of the split for each number of hops, 1 … ``max_hops``."""
-        return {k: self.examples(split, n, seed, hops=k) for k in range(1, self.config.max_hops + 1)}
+        return {k: self.examples(split, n, seed, hops=k)
+                for k in range(1, self.config.max_hops + 1)}
 
     def _parse_prompt(self, prompt: str) -> tuple[str, list[str]]:
         parts = prompt.split()
@@ -315,11 +322,13 @@ class KBWalk(Task):
         return self._documents(self.counts, seed, "kb_walk-pretrain")
 
     def replay_documents(self, seed: int) -> list[str]:
-        """The pre-training documents without their sentences that state an evaluation-only fact: SFT's replay
-        shows again only what post-training may learn (a document left empty is dropped).
+        """The pre-training documents without their sentences that state an evaluation-only fact:
+        SFT's replay shows again only what post-training may learn (a document left empty is
+        dropped).
 
         >>> task = KBWalk(KBWalkConfig(n_entities=12, n_relations=2))
-        >>> hidden = [f"{e} {r} {x} ." for (e, r), x in task.facts.items() if task.evaluation_only(e, r)]
+        >>> hidden = [f"{e} {r} {x} ." for (e, r), x in task.facts.items()
+        ...           if task.evaluation_only(e, r)]
         >>> any(h in d for d in task.replay_documents(0) for h in hidden)
         False
         """
@@ -333,9 +342,11 @@ class KBWalk(Task):
         return out
 
     def _documents(self, counts: dict[tuple[str, str], int], seed: int, tag: str) -> list[str]:
-        """Each fact of ``counts`` as often as it says, shuffled (seeded by ``seed`` and ``tag``) into documents."""
+        """Each fact of ``counts`` as often as it says, shuffled (seeded by ``seed`` and ``tag``)
+        into documents."""
         rng = rng_for(seed, tag)
-        sentences = [f"{e} {r} {self.facts[(e, r)]} ." for (e, r), c in counts.items() for _ in range(c)]
+        sentences = [f"{e} {r} {self.facts[(e, r)]} ." for (e, r), c in counts.items()
+                     for _ in range(c)]
         rng.shuffle(sentences)
         k = self.config.facts_per_document
         return [" ".join(sentences[i:i + k]) for i in range(0, len(sentences), k)]
@@ -379,11 +390,13 @@ class KBWalk(Task):
             e = x
         return claims
 
-    def abstention_warranted(self, prompt: str, completion: str | Sequence[str], claim: Claim) -> bool:
-        """True where the entity the completion reached has no fact for the relation it asks: abstaining
-        is then right in that state, even off the gold walk."""
+    def abstention_warranted(self, prompt: str, completion: str | Sequence[str],
+                             claim: Claim) -> bool:
+        """True where the entity the completion reached has no fact for the relation it asks:
+        abstaining is then right in that state, even off the gold walk."""
         if claim.status != ABSTAINED:
-            raise ValueError(f"claim must be an abstention (status {ABSTAINED!r}), got status {claim.status!r}")
+            raise ValueError(f"claim must be an abstention (status {ABSTAINED!r}), got status "
+                             f"{claim.status!r}")
         said = completion_symbols(completion)
         return (said[claim.start - 1], said[claim.start]) not in self.facts
 

@@ -1,9 +1,9 @@
 """Path-star graphs: planning is hard, verifying is easy (Bachmann & Nagarajan, 2024).
 
-Chapters 7–8 build the models; chapter 10 says why its RL experiment leaves the task out. A path-star graph has
-a centre node with ``degree`` arms; each arm is a path of ``path_length - 1`` further nodes.
-Node labels are drawn at random from ``0 .. n_nodes-1``. The prompt lists the directed
-edges (centre outwards) in random order, then asks for the path from the centre to the end
+Chapters 7–8 build the models; chapter 10 says why its RL experiment leaves the task out. A
+path-star graph has a centre node with ``degree`` arms; each arm is a path of ``path_length - 1``
+further nodes. Node labels are drawn at random from ``0 .. n_nodes-1``. The prompt lists the
+directed edges (centre outwards) in random order, then asks for the path from the centre to the end
 of one arm::
 
     prompt:      5 2 , 9 7 , 5 9 , 2 4 / 5 4 =
@@ -30,8 +30,8 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from halluc_lab.tasks.base import (MALFORMED, SUPPORTED, UNSUPPORTED, Claim, Example, Task, check_count,
-                                   check_split, completion_symbols, rng_for, split_of)
+from halluc_lab.tasks.base import (MALFORMED, SUPPORTED, UNSUPPORTED, Claim, Example, Task,
+                                   check_count, check_split, completion_symbols, rng_for, split_of)
 
 _MAX_TRIES = 10_000  # rejection-sampling budget per example
 
@@ -83,10 +83,12 @@ class PathStar(Task):
         c = self.config
         labels = rng.sample(range(c.n_nodes), 1 + c.degree * (c.path_length - 1))
         centre, rest = labels[0], labels[1:]
-        arms = [[centre, *rest[i * (c.path_length - 1):(i + 1) * (c.path_length - 1)]] for i in range(c.degree)]
+        arms = [[centre, *rest[i * (c.path_length - 1):(i + 1) * (c.path_length - 1)]]
+                for i in range(c.degree)]
         return arms, rng.randrange(c.degree)
 
-    def _example(self, arms: list[list[int]], goal_arm: int, rng: random.Random) -> tuple[Example, str]:
+    def _example(self, arms: list[list[int]], goal_arm: int, rng: random.Random) -> tuple[Example,
+                                                                                          str]:
         edges = [(a[i], a[i + 1]) for a in arms for i in range(len(a) - 1)]
         rng.shuffle(edges)
         path = arms[goal_arm][::-1] if self.config.reverse_path else arms[goal_arm]
@@ -123,7 +125,8 @@ class PathStar(Task):
         except ValueError:
             ok = False
         if not ok:
-            raise ValueError(f"not a path_star prompt (expected 'u v , u v ... / start goal ='): {prompt!r}")
+            raise ValueError("not a path_star prompt (expected 'u v , u v ... / start goal "
+                             f"='): {prompt!r}")
         return edges, q[0], q[1]
 
     def gold(self, prompt: str) -> str:
@@ -143,7 +146,8 @@ class PathStar(Task):
                 (self._draw(rng, "train") for _ in range(self.config.n_pretrain_documents))]
 
     def claims(self, prompt: str, completion: str | Sequence[str]) -> list[Claim]:
-        """The first node (must be the start, or the goal when reversed), then one claim per edge."""
+        """The first node (must be the start, or the goal when reversed), then one claim per
+        edge."""
         edges, start, goal = self.parse(prompt)
         said = completion_symbols(completion)
         gold = self.gold(prompt).split()
@@ -154,7 +158,8 @@ class PathStar(Task):
         for i in range(1, len(said)):
             edge = (said[i], said[i - 1]) if self.config.reverse_path else (said[i - 1], said[i])
             status = SUPPORTED if edge in edges else UNSUPPORTED
-            out.append(Claim(i - 1, i + 1, f"{said[i - 1]} {said[i]}", status, said[:i + 1] == gold[:i + 1]))
+            out.append(Claim(i - 1, i + 1, f"{said[i - 1]} {said[i]}", status,
+                             said[:i + 1] == gold[:i + 1]))
         return out
 
     def plausible_error(self, example: Example, position: int, rng: random.Random) -> str:

@@ -7,9 +7,9 @@ examples (chapter 8), preference pairs and RL rollouts (chapters 9–10). Source
 
 Conventions. A sequence is ``<bos> prompt completion <eos>``. Labels follow Hugging Face:
 ``labels`` has the shape of ``input_ids`` and ``labels[t]`` is the target of the logits at
-``t - 1`` (the shift happens inside :func:`halluc_lab.training.losses.causal_lm_loss`); :data:`IGNORE`
-(-100) means "no loss here". ``<bos>`` is never a target, so in a packed row the first token of
-each sequence is IGNORE and no sequence is asked to predict its neighbour.
+``t - 1`` (the shift happens inside :func:`halluc_lab.training.losses.causal_lm_loss`);
+:data:`IGNORE` (-100) means "no loss here". ``<bos>`` is never a target, so in a packed row the
+first token of each sequence is IGNORE and no sequence is asked to predict its neighbour.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from halluc_lab.training.losses import IGNORE
 from halluc_lab.tasks.base import Example
 from halluc_lab.model.tokenizer import Tokenizer
 
-__all__ = ["IGNORE", "Encoded", "Batch", "encode_example", "encode_document", "pad", "pack", "batches",
-           "rollout_batch"]
+__all__ = ["IGNORE", "Encoded", "Batch", "encode_example", "encode_document", "pad", "pack",
+           "batches", "rollout_batch"]
 
 
 @dataclass(frozen=True)
@@ -48,17 +48,21 @@ class Batch:
 
     input_ids: torch.Tensor  # (B, T) int64
     labels: torch.Tensor  # (B, T) int64, IGNORE where there is no loss
-    position_ids: torch.Tensor | None = None  # (B, T) positions, restarting at 0 in each packed sequence
-    segment_ids: torch.Tensor | None = None  # (B, T) which packed sequence a token is in (1, 2, ...; 0 = padding)
+    # (B, T) positions, restarting at 0 in each packed sequence
+    position_ids: torch.Tensor | None = None
+    # (B, T) which packed sequence a token is in (1, 2, ...; 0 = padding)
+    segment_ids: torch.Tensor | None = None
 
     def __getitem__(self, idx) -> Batch:
         pick = lambda t: None if t is None else t[idx]
-        return Batch(self.input_ids[idx], self.labels[idx], pick(self.position_ids), pick(self.segment_ids))
+        return Batch(self.input_ids[idx], self.labels[idx], pick(self.position_ids),
+                     pick(self.segment_ids))
 
     def to(self, device: torch.device | str) -> Batch:
         """The same batch on another device."""
         move = lambda t: None if t is None else t.to(device, non_blocking=True)
-        return Batch(move(self.input_ids), move(self.labels), move(self.position_ids), move(self.segment_ids))
+        return Batch(move(self.input_ids), move(self.labels), move(self.position_ids),
+                     move(self.segment_ids))
 
     def model_kwargs(self) -> dict:
         """The keyword arguments a model takes besides ``input_ids`` (only those that are set)."""
@@ -91,12 +95,13 @@ def encode_example(tok: Tokenizer, example: Example, completion_only: bool = Tru
 
 
 def encode_document(tok: Tokenizer, document: str) -> Encoded:
-    """A pre-training document ``<bos> text <eos>``: every token after ``<bos>`` is a target (eq. 9)."""
+    """A pre-training document ``<bos> text <eos>``: every token after ``<bos>`` is a target (eq.
+    9)."""
     ids = (tok.bos_id, *tok.encode(document), tok.eos_id)
     return Encoded(ids, (IGNORE, *ids[1:]))
 
 
-# -- batching: padding and packing (000 §5.7, 002 "Padding") ----------------------------------------
+# -- batching: padding and packing (000 §5.7, 002 "Padding") ---------------------------------------
 def _check_seqs(seqs: Sequence[Encoded], pad_id: int) -> int:
     """The longest sequence's length; raise for no sequences, a non-Encoded one or a bad pad_id."""
     if not seqs:
@@ -146,17 +151,20 @@ def pack(seqs: Sequence[Encoded], length: int, pad_id: int) -> Batch:
     The first row with room is found in O(log n) by a max-tree over the rooms of every row there
     could be (one per sequence, an unused row has a whole row's room): the leftmost row whose room
     fits is the first existing one that does, or else the next new row — a full-scale corpus of
-    ~200,000 documents packs in seconds, where scanning the open rows took the better part of a minute.
+    ~200,000 documents packs in seconds, where scanning the open rows took the better part of a
+    minute.
     """
     longest, length = _check_seqs(seqs, pad_id), _check_int("length", length, 1)
     if longest > length:
         raise ValueError(f"length must be >= the longest sequence ({longest}), got {length}")
     size = 1 << max(1, (len(seqs) - 1).bit_length())  # leaves: rows 0 .. size − 1
-    tree = [length] * (2 * size)  # tree[i]: the most room of any row under node i (leaf size + r: row r)
+    # tree[i]: the most room of any row under node i (leaf size + r: row r)
+    tree = [length] * (2 * size)
     rows: list[list[Encoded]] = []
     for s in seqs:
         need, i = len(s.ids), 1
-        while i < size:  # down to the leftmost leaf with room >= need (the root always has: longest <= length)
+        # down to the leftmost leaf with room >= need (the root always has: longest <= length)
+        while i < size:
             i = 2 * i if tree[2 * i] >= need else 2 * i + 1
         r = i - size
         if r == len(rows):
@@ -192,7 +200,8 @@ def batches(rows: Batch, batch_size: int, seed: int) -> Callable[[int], Batch]:
     n = rows.input_ids.shape[0]
     size = batch_size
     if isinstance(size, bool) or not isinstance(size, Integral) or not 1 <= size <= n:
-        raise ValueError(f"batch_size must be an int in [1, {n}] (the number of rows), got {batch_size!r}")
+        raise ValueError(f"batch_size must be an int in [1, {n}] (the number of rows), got "
+                         f"{batch_size!r}")
     batch_size, seed = int(batch_size), _check_int("seed", seed)
     per_epoch = n // batch_size
 
@@ -210,9 +219,10 @@ def batches(rows: Batch, batch_size: int, seed: int) -> Callable[[int], Batch]:
 
 # -- rollouts (chapters 9–10) ----------------------------------------------------------------------
 def prompt_rounds(n: int, per_round: int, generator: torch.Generator) -> Iterator[list[int]]:
-    """Endless rounds of ``per_round`` indices into ``n`` prompts: seeded permutations laid end to end, so every
-    prompt comes once before any comes again (PPO's and RLVR's rounds). Lazy: ``generator`` is drawn from only
-    when a round needs a new permutation, so a loop that also draws from it between rounds stays reproducible.
+    """Endless rounds of ``per_round`` indices into ``n`` prompts: seeded permutations laid end to
+    end, so every prompt comes once before any comes again (PPO's and RLVR's rounds). Lazy:
+    ``generator`` is drawn from only when a round needs a new permutation, so a loop that also draws
+    from it between rounds stays reproducible.
 
     >>> rounds = prompt_rounds(3, 2, torch.Generator().manual_seed(0))
     >>> sorted(next(rounds) + next(rounds)[:1])
@@ -227,8 +237,8 @@ def prompt_rounds(n: int, per_round: int, generator: torch.Generator) -> Iterato
         order = order[per_round:]
 
 
-def rollout_batch(prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]], pad_id: int,
-                  targets: Sequence[Sequence[bool]] | None = None) -> Batch:
+def rollout_batch(prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]],
+                  pad_id: int, targets: Sequence[Sequence[bool]] | None = None) -> Batch:
     """Generated rollouts as a padded :class:`Batch`: ``prompt + completion`` per row, labels on the
     completion only (the policy is scored on what it generated, not on the prompt).
 
@@ -245,14 +255,16 @@ def rollout_batch(prompts: Sequence[Sequence[int]], completions: Sequence[Sequen
         raise ValueError(f"prompts and completions must have the same length, got {len(prompts)} "
                          f"and {len(completions)}")
     if targets is not None and len(targets) != len(completions):
-        raise ValueError(f"targets must have one entry per completion ({len(completions)}), got {len(targets)}")
+        raise ValueError(f"targets must have one entry per completion ({len(completions)}), got "
+                         f"{len(targets)}")
     seqs = []
     for i, (p, c) in enumerate(zip(prompts, completions)):
         if len(p) == 0:
             raise ValueError(f"prompts[{i}] is empty: a rollout's prompt holds at least <bos>")
         keep = [True] * len(c) if targets is None else list(targets[i])
         if len(keep) != len(c):
-            raise ValueError(f"targets[{i}] has {len(keep)} entries for a completion of {len(c)} tokens")
+            raise ValueError(f"targets[{i}] has {len(keep)} entries for a completion of "
+                             f"{len(c)} tokens")
         labels = (IGNORE,) * len(p) + tuple(t if k else IGNORE for t, k in zip(c, keep))
         seqs.append(Encoded((*p, *c), labels))
     return pad(seqs, pad_id)

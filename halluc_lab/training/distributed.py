@@ -1,4 +1,5 @@
-"""Data parallelism over processes that ``torchrun`` starts: who am I, start and stop, shard, reduce.
+"""Data parallelism over processes that ``torchrun`` starts: who am I, start and stop, shard,
+reduce.
 
 Beyond one GPU (README "Running on several GPUs"). PyTorch's own engine does the work:
 ``torch.distributed`` for the process group and its collectives, ``DistributedDataParallel`` (DDP)
@@ -9,14 +10,14 @@ for the gradients. This module is the thin layer the training loops use::
 ``torchrun`` starts the processes and sets ``RANK`` (this process among all), ``LOCAL_RANK`` (among
 those of its machine: the GPU it uses) and ``WORLD_SIZE`` (how many) in each one's environment;
 :func:`start` reads them and joins the process group — NCCL between GPUs, gloo between CPU processes
-(the tests run two of those). Without ``torchrun`` nothing here does anything: one process is a world
-of one, so a plain ``python`` run is exactly the single-process run.
+(the tests run two of those). Without ``torchrun`` nothing here does anything: one process is a
+world of one, so a plain ``python`` run is exactly the single-process run.
 
-The rule every loop keeps: **the global batch is the single-process one.** Each optimizer step's batch
-is drawn the same way on every rank (the data are a function of the step), each rank takes its
-:func:`shard` of the rows, and a gradient is a sum over all ranks' rows divided by the count over all
-ranks (:mod:`halluc_lab.training.step`). So N processes compute the single process's step, up to the order of
-floating-point sums (tested against a one-process run).
+The rule every loop keeps: **the global batch is the single-process one.** Each optimizer step's
+batch is drawn the same way on every rank (the data are a function of the step), each rank takes its
+:func:`shard` of the rows, and a gradient is a sum over all ranks' rows divided by the count over
+all ranks (:mod:`halluc_lab.training.step`). So N processes compute the single process's step, up to
+the order of floating-point sums (tested against a one-process run).
 """
 
 from __future__ import annotations
@@ -43,8 +44,10 @@ class Topology:
     def __post_init__(self):
         for name in ("rank", "local_rank", "world_size"):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < (1 if name == "world_size" else 0):
-                raise ValueError(f"{name} must be an int >= {1 if name == 'world_size' else 0}, got {v!r}")
+            if (isinstance(v, bool) or not isinstance(v, int)
+                    or v < (1 if name == "world_size" else 0)):
+                raise ValueError(f"{name} must be an int >= "
+                                 f"{1 if name == 'world_size' else 0}, got {v!r}")
         if self.rank >= self.world_size:
             raise ValueError(f"rank {self.rank} must be below world_size {self.world_size}")
 
@@ -55,7 +58,8 @@ class Topology:
 
 
 def topology(environ=None) -> Topology:
-    """This process's :class:`Topology` from the variables ``torchrun`` sets (a world of one if unset).
+    """This process's :class:`Topology` from the variables ``torchrun`` sets (a world of one if
+    unset).
 
     >>> topology({"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2"})
     Topology(rank=1, local_rank=1, world_size=2)
@@ -67,7 +71,8 @@ def topology(environ=None) -> Topology:
     if not found:
         return Topology()
     if len(found) != len(ENV) or not all(v.isdigit() for v in found.values()):
-        raise ValueError(f"a distributed run needs all of {ENV} set to integers (torchrun sets them), got {found}")
+        raise ValueError(f"a distributed run needs all of {ENV} set to integers (torchrun sets "
+                         f"them), got {found}")
     return Topology(int(found["RANK"]), int(found["LOCAL_RANK"]), int(found["WORLD_SIZE"]))
 
 
@@ -92,15 +97,17 @@ def is_main() -> bool:
 
 
 def start(backend: str | None = None) -> torch.device:
-    """Join the process group ``torchrun`` describes (nothing for a world of one); this rank's device.
+    """Join the process group ``torchrun`` describes (nothing for a world of one); this rank's
+    device.
 
-    On a machine with CUDA each process takes the GPU of its local rank (and NCCL); elsewhere the CPU
-    (and gloo). ``backend`` overrides the choice. Call :func:`stop` at the end.
+    On a machine with CUDA each process takes the GPU of its local rank (and NCCL); elsewhere the
+    CPU (and gloo). ``backend`` overrides the choice. Call :func:`stop` at the end.
     """
     topo = topology()
     cuda = torch.cuda.is_available()
     if cuda and topo.local_rank >= torch.cuda.device_count():
-        raise ValueError(f"local rank {topo.local_rank} has no GPU: this machine has {torch.cuda.device_count()}; "
+        raise ValueError(f"local rank {topo.local_rank} has no GPU: this machine has "
+                         f"{torch.cuda.device_count()}; "
                          "start at most that many processes per node")
     device = torch.device("cuda", topo.local_rank) if cuda else torch.device("cpu")
     if cuda:
@@ -112,7 +119,8 @@ def start(backend: str | None = None) -> torch.device:
 
 
 def stop() -> None:
-    """Leave the process group (after a last barrier, so no rank exits while another still reads)."""
+    """Leave the process group (after a last barrier, so no rank exits while another still
+    reads)."""
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
@@ -144,11 +152,13 @@ def mean_over_ranks(value: float) -> float:
     if not active():
         return float(value)
     device = torch.device("cuda") if dist.get_backend() == "nccl" else torch.device("cpu")
-    return float(all_sum(torch.tensor(float(value), dtype=torch.float64, device=device))) / world_size()
+    return float(all_sum(torch.tensor(float(value), dtype=torch.float64,
+                                      device=device))) / world_size()
 
 
 def gather_objects(obj) -> list:
-    """Every rank's ``obj`` (picklable), in rank order, on every rank (``[obj]`` in a single process)."""
+    """Every rank's ``obj`` (picklable), in rank order, on every rank (``[obj]`` in a single
+    process)."""
     if not active():
         return [obj]
     out = [None] * world_size()
@@ -166,7 +176,8 @@ def broadcast_object(obj, src: int = 0):
 
 
 def shard(n: int, *, at: int | None = None, of: int | None = None) -> slice:
-    """This rank's contiguous share of ``n`` items: ``n // of`` each, the first ``n % of`` ranks one more.
+    """This rank's contiguous share of ``n`` items: ``n // of`` each, the first ``n % of`` ranks one
+    more.
 
     ``at``/``of``: a rank and world size other than this process's. Rank order is item order, so the
     shares laid end to end are the items in order (what :func:`gather_objects` gives back).
@@ -187,9 +198,9 @@ def shard(n: int, *, at: int | None = None, of: int | None = None) -> slice:
 def wrap(model: nn.Module) -> nn.Module:
     """``model`` in ``DistributedDataParallel`` when several processes train (itself otherwise).
 
-    DDP copies rank 0's weights to every rank once, then all-reduces (averages) the gradients in buckets
-    while the backward pass runs, and syncs only outside ``no_sync()`` — the accumulation seam of
-    :mod:`halluc_lab.training.step`.
+    DDP copies rank 0's weights to every rank once, then all-reduces (averages) the gradients in
+    buckets while the backward pass runs, and syncs only outside ``no_sync()`` — the accumulation
+    seam of :mod:`halluc_lab.training.step`.
     """
     if not active() or isinstance(model, DistributedDataParallel):
         return model

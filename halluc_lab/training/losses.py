@@ -3,15 +3,14 @@
 Every training stage of the book calls into this module: next-token cross-entropy for
 pre-training and SFT (chapters 7–8), per-token and per-sequence log-probs, and the preference and
 policy-gradient losses of chapters 9–10: Bradley–Terry, DPO, PPO's clipped surrogate, the KL
-estimators and GAE, and RLVR's policy gradients with group baselines (REINFORCE as in 001's Listing
-3, GRPO, Dr. GRPO, DAPO). Nothing here knows about models, tasks or tokenizers; the training loop
-(:mod:`halluc_lab.training.train`) turns a model and a batch into logits and calls these. Sources: 000
-§5.2–5.5 (the SFT loss, cross-entropy, the -100 label), 001 Part 1 eq. (9) and Part 2 §1 (the
-KL-regularised objective, DPO) and §3 Listing 3 (nanochat's simplified GRPO), 004 §3.7 (label
-smoothing) and §9.1.2–9.2 (Bradley–Terry, eq. 9.1); Rafailov et al. 2023 (DPO, eq. 7), Schulman et
-al. 2017 (PPO, eq. 7), Schulman et al. 2016 (GAE), Schulman 2020, "Approximating KL divergence" (k1,
-k2, k3), Shao et al. 2024 (DeepSeekMath: GRPO, eq. 3), Liu et al. 2025, "Understanding R1-Zero-Like
-Training" (Dr. GRPO), Yu et al. 2025 (DAPO).
+estimators and GAE. RLVR's policy gradients with group baselines (REINFORCE as in 001's Listing 3,
+GRPO, Dr. GRPO, DAPO) are built on the clipped surrogate in :mod:`halluc_lab.training.rlvr_losses`.
+Nothing here knows about models, tasks or tokenizers; the training loop
+(:mod:`halluc_lab.training.train`) turns a model and a batch into logits and calls these. Sources:
+000 §5.2–5.5 (the SFT loss, cross-entropy, the -100 label), 001 Part 1 eq. (9) and Part 2 §1 (the
+KL-regularised objective, DPO), 004 §3.7 (label smoothing) and §9.1.2–9.2 (Bradley–Terry, eq.
+9.1); Rafailov et al. 2023 (DPO, eq. 7), Schulman et al. 2017 (PPO, eq. 7), Schulman et al. 2016
+(GAE), Schulman 2020, "Approximating KL divergence" (k1, k2, k3).
 
 Conventions: ``labels`` has the shape of the inputs and ``labels[t]`` is the target of the
 logits at ``t - 1`` (Hugging Face's convention; the shift happens here). :data:`IGNORE` marks a
@@ -26,14 +25,14 @@ would be a raw IndexError (a device-side assert on a GPU) or, below 0, silently 
 the functions that take labels check them by value on the CPU. On a GPU they do not: the check
 would make the host wait for the device at every eager call (RLVR's and PPO's rounds make many),
 and a captured or compiled step cannot hold it. There the rows were checked where they were built
-(:mod:`halluc_lab.training.data` refuses ids that are not integers), and an id of V or more still stops the
-step with PyTorch's device-side assert.
+(:mod:`halluc_lab.training.data` refuses ids that are not integers), and an id of V or more still
+stops the step with PyTorch's device-side assert.
 """
 
 from __future__ import annotations
 
 import math
-from numbers import Integral, Real
+from numbers import Real
 from typing import NamedTuple
 
 import torch
@@ -95,9 +94,11 @@ def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, *, label_smoothin
         raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
     z, y = _shifted(logits, labels)
     if reduction == "mean" and not bool((y != IGNORE).any()):
-        raise ValueError("every label is IGNORE: the mean loss over zero target tokens is undefined")
+        raise ValueError("every label is IGNORE: "
+                         "the mean loss over zero target tokens is undefined")
     per_token = F.cross_entropy(z.flatten(0, 1), y.flatten(), ignore_index=IGNORE,
-                                label_smoothing=label_smoothing, reduction="none").view_as(y)  # (B, T-1)
+                                # (B, T-1)
+                                label_smoothing=label_smoothing, reduction="none").view_as(y)
     if reduction == "none":
         return per_token
     total = per_token.sum()
@@ -107,12 +108,14 @@ def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, *, label_smoothin
 def label_smoothed_nll(logits: torch.Tensor, targets: torch.Tensor, epsilon: float) -> torch.Tensor:
     """Reference: the mean of -Σ_k q'(k) log p(k) with q' = (1 - ε)δ_{k,y} + ε/K (004 §3.7).
 
-    logits (N, K), targets (N,) with no IGNORE; the readable version :func:`causal_lm_loss` agrees with.
+    logits (N, K), targets (N,) with no IGNORE; the readable version :func:`causal_lm_loss` agrees
+    with.
     """
     logp = torch.log_softmax(logits, dim=-1)  # (N, K)
     k = logits.shape[-1]
     q = torch.full_like(logp, epsilon / k)  # (N, K) the uniform part ε u(k), u = 1/K
-    q.scatter_add_(1, targets[:, None], torch.full_like(logp[:, :1], 1.0 - epsilon))  # + (1 - ε) δ_{k,y}
+    # + (1 - ε) δ_{k,y}
+    q.scatter_add_(1, targets[:, None], torch.full_like(logp[:, :1], 1.0 - epsilon))
     return -(q * logp).sum(-1).mean()
 
 
@@ -143,7 +146,8 @@ def sequence_logprobs(logits: torch.Tensor, labels: torch.Tensor,
     lp = token_logprobs(logits, labels)  # (B, T-1)
     if mask is not None:
         if mask.shape != lp.shape or mask.dtype != torch.bool:
-            raise ValueError(f"mask must be a bool tensor of shape {tuple(lp.shape)} (aligned with the "
+            raise ValueError(f"mask must be a bool tensor of shape {tuple(lp.shape)} "
+                             "(aligned with the "
                              f"shifted labels), got {mask.dtype} {tuple(mask.shape)}")
         lp = lp * mask
     return lp.sum(-1)
@@ -163,18 +167,22 @@ def _check_same_shape(**tensors: torch.Tensor) -> None:
 
 
 def check_positive(name: str, value: float, upper: float = math.inf) -> None:
-    """ValueError unless ``value`` is a finite real number in (0, upper] (a β, a clip ε, a learning rate)."""
-    if isinstance(value, bool) or not isinstance(value, Real) or not (0 < value <= upper and math.isfinite(value)):
+    """ValueError unless ``value`` is a finite real number in (0, upper] (a β, a clip ε, a learning
+    rate)."""
+    if isinstance(value, bool) or not isinstance(value, Real) or not (0 < value <= upper
+                                                                      and math.isfinite(value)):
         raise ValueError(f"{name} must be a finite number in (0, {upper}], got {value!r}")
 
 
 def _reduce(per_item: torch.Tensor, reduction: str) -> torch.Tensor:
     if reduction not in REDUCTIONS:
         raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
-    return per_item if reduction == "none" else per_item.sum() if reduction == "sum" else per_item.mean()
+    return (per_item if reduction == "none" else per_item.sum() if reduction == "sum"
+            else per_item.mean())
 
 
-def bradley_terry_loss(r_chosen: torch.Tensor, r_rejected: torch.Tensor, *, reduction: str = "mean") -> torch.Tensor:
+def bradley_terry_loss(r_chosen: torch.Tensor, r_rejected: torch.Tensor, *,
+                       reduction: str = "mean") -> torch.Tensor:
     """−log σ(r⁺ − r⁻): the negative log-likelihood of "chosen ≻ rejected" under Bradley–Terry.
 
     004 §9.1.2: P(y₁ ≻ y₂ | x) = σ(r(x, y₁) − r(x, y₂)), which is p₁/(p₁ + p₂) for scores r = log p.
@@ -192,7 +200,8 @@ class DPOTerms(NamedTuple):
     """What :func:`dpo_loss` returns."""
 
     loss: torch.Tensor  # reduced as asked
-    chosen_rewards: torch.Tensor  # β (log π(y⁺|x) − log π_ref(y⁺|x)): DPO's implicit reward, detached
+    # β (log π(y⁺|x) − log π_ref(y⁺|x)): DPO's implicit reward, detached
+    chosen_rewards: torch.Tensor
     rejected_rewards: torch.Tensor  # β (log π(y⁻|x) − log π_ref(y⁻|x)), detached
 
 
@@ -208,31 +217,37 @@ def dpo_loss(policy_chosen_logps: torch.Tensor, policy_rejected_logps: torch.Ten
     under labels that are flipped with probability ε: −(1 − ε) log σ(z) − ε log σ(−z).
     Returns :class:`DPOTerms`: the loss and the implicit rewards β (log π − log π_ref) of each side.
 
-    >>> t = dpo_loss(torch.tensor([-1.0]), torch.tensor([-2.0]), torch.tensor([-1.0]), torch.tensor([-2.0]), 0.5)
+    >>> t = dpo_loss(torch.tensor([-1.0]), torch.tensor([-2.0]), torch.tensor([-1.0]),
+    ...              torch.tensor([-2.0]), 0.5)
     >>> round(float(t.loss), 4)      # the policy is still the reference: log 2
     0.6931
     """
-    _check_same_shape(policy_chosen_logps=policy_chosen_logps, policy_rejected_logps=policy_rejected_logps,
+    _check_same_shape(policy_chosen_logps=policy_chosen_logps,
+                      policy_rejected_logps=policy_rejected_logps,
                       ref_chosen_logps=ref_chosen_logps, ref_rejected_logps=ref_rejected_logps)
     check_positive("beta", beta)
-    if isinstance(label_smoothing, bool) or not isinstance(label_smoothing, Real) or not 0 <= label_smoothing < 0.5:
+    if (isinstance(label_smoothing, bool) or not isinstance(label_smoothing, Real)
+            or not 0 <= label_smoothing < 0.5):
         raise ValueError(f"label_smoothing must be in [0, 0.5), got {label_smoothing!r}")
-    chosen = beta * (policy_chosen_logps - ref_chosen_logps)  # implicit reward of y⁺ (its C(x) cancels, 001 Remark)
+    # implicit reward of y⁺ (its C(x) cancels, 001 Remark)
+    chosen = beta * (policy_chosen_logps - ref_chosen_logps)
     rejected = beta * (policy_rejected_logps - ref_rejected_logps)
     z = chosen - rejected
     per_pair = -(1 - label_smoothing) * F.logsigmoid(z) - label_smoothing * F.logsigmoid(-z)
     return DPOTerms(_reduce(per_pair, reduction), chosen.detach(), rejected.detach())
 
 
-# -- policy gradients: PPO's surrogate, KL estimators, GAE (chapters 9–10) ----------------------------
+# -- policy gradients: PPO's surrogate, KL estimators, GAE (chapters 9–10) -------------------------
 def _check_mask(mask: torch.Tensor, like: torch.Tensor) -> None:
     if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.shape != like.shape:
-        got = f"{mask.dtype} {tuple(mask.shape)}" if isinstance(mask, torch.Tensor) else type(mask).__name__
+        got = (f"{mask.dtype} {tuple(mask.shape)}" if isinstance(mask, torch.Tensor)
+               else type(mask).__name__)
         raise ValueError(f"mask must be a bool tensor of shape {tuple(like.shape)}, got {got}")
 
 
 def ppo_clipped_objective(logp_new: torch.Tensor, logp_old: torch.Tensor, advantages: torch.Tensor,
-                          mask: torch.Tensor, clip: float, *, clip_high: float | None = None) -> torch.Tensor:
+                          mask: torch.Tensor, clip: float, *,
+                          clip_high: float | None = None) -> torch.Tensor:
     """PPO's clipped surrogate per token (Schulman et al. 2017, eq. 7), to be *maximised*:
     min(ρ A, clip(ρ, 1 − ε, 1 + ε) A) with ρ = π_new(a|s)/π_old(a|s) = exp(logp_new − logp_old).
 
@@ -251,13 +266,16 @@ def ppo_clipped_objective(logp_new: torch.Tensor, logp_old: torch.Tensor, advant
     check_positive("clip", clip)
     high = clip if clip_high is None else clip_high
     check_positive("clip_high", high)
-    ratio = torch.exp(torch.where(mask, logp_new - logp_old, 0.0))  # (B, T); 1 off the mask: no inf, no NaN gradient
+    # (B, T); 1 off the mask: no inf, no NaN gradient
+    ratio = torch.exp(torch.where(mask, logp_new - logp_old, 0.0))
     objective = torch.minimum(ratio * advantages, ratio.clamp(1 - clip, 1 + high) * advantages)
-    return torch.where(mask, objective, torch.zeros_like(objective))  # where, not ×: off-mask A may be inf or NaN
+    # where, not ×: off-mask A may be inf or NaN
+    return torch.where(mask, objective, torch.zeros_like(objective))
 
 
 class KLEstimates(NamedTuple):
-    """Per-token estimators of KL(π ‖ π_ref) from tokens sampled from π (Schulman 2020); each ``(B, T)``."""
+    """Per-token estimators of KL(π ‖ π_ref) from tokens sampled from π (Schulman 2020); each
+    ``(B, T)``."""
 
     k1: torch.Tensor  # log π − log π_ref: unbiased, high variance, can be negative
     k2: torch.Tensor  # ½ (log π_ref − log π)²: biased (exact to second order), low variance, ≥ 0
@@ -265,7 +283,8 @@ class KLEstimates(NamedTuple):
 
 
 def kl_estimates(logp: torch.Tensor, logp_ref: torch.Tensor, mask: torch.Tensor) -> KLEstimates:
-    """k1, k2 and k3 of Schulman's "Approximating KL divergence" at every token, 0 where ``mask`` is False.
+    """k1, k2 and k3 of Schulman's "Approximating KL divergence" at every token, 0 where ``mask`` is
+    False.
 
     ``logp``: log π(x_t | ·) of tokens sampled from π; ``logp_ref``: log π_ref of the same tokens;
     ``mask``: bool, all ``(B, T)``. Averaged over samples from π, k1 and k3 tend to KL(π ‖ π_ref)
@@ -282,17 +301,20 @@ def kl_estimates(logp: torch.Tensor, logp_ref: torch.Tensor, mask: torch.Tensor)
     return KLEstimates(keep(-log_r), keep(0.5 * log_r ** 2), keep(torch.expm1(log_r) - log_r))
 
 
-def gae_advantages(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0,
-                   lam: float = 0.95) -> tuple[torch.Tensor, torch.Tensor]:
-    """Generalised advantage estimates (Schulman et al. 2016) and the returns the value model is fit to.
+def gae_advantages(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
+                   gamma: float = 1.0, lam: float = 0.95) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalised advantage estimates (Schulman et al. 2016) and the returns the value model is fit
+    to.
 
-    ``rewards``, ``values``: ``(B, T)`` per token (r_t, V(s_t)); ``mask``: bool ``(B, T)``, True on the
-    tokens of each row's episode, which must be contiguous (a completion, then padding). δ_t = r_t +
-    γ V(s_{t+1}) − V(s_t) with V = 0 after the episode's last token; A_t = δ_t + γλ A_{t+1}.
-    Returns ``(advantages, returns = advantages + values)``, both ``(B, T)`` and 0 off the mask.
-    λ = 1 gives the Monte-Carlo return minus the value (unbiased, high variance); λ = 0 the one-step δ_t.
+    ``rewards``, ``values``: ``(B, T)`` per token (r_t, V(s_t)); ``mask``: bool ``(B, T)``, True on
+    the tokens of each row's episode, which must be contiguous (a completion, then padding).
+    δ_t = r_t + γ V(s_{t+1}) − V(s_t) with V = 0 after the episode's last token; A_t = δ_t + γλ
+    A_{t+1}. Returns ``(advantages, returns = advantages + values)``, both ``(B, T)`` and 0 off the
+    mask. λ = 1 gives the Monte-Carlo return minus the value (unbiased, high variance); λ = 0 the
+    one-step δ_t.
 
-    >>> adv, ret = gae_advantages(torch.tensor([[0.0, 1.0]]), torch.zeros(1, 2), torch.tensor([[True, True]]))
+    >>> adv, ret = gae_advantages(torch.tensor([[0.0, 1.0]]), torch.zeros(1, 2),
+    ...                           torch.tensor([[True, True]]))
     >>> [round(a, 4) for a in adv[0].tolist()]     # A_1 = r_1 = 1, A_0 = γλ A_1
     [0.95, 1.0]
     """
@@ -308,143 +330,10 @@ def gae_advantages(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tens
     advantages = torch.zeros_like(values)
     running = torch.zeros_like(values[:, 0])  # (B,) A_{t+1}
     for t in reversed(range(values.shape[1])):
-        next_in = m[:, t + 1] if t + 1 < values.shape[1] else torch.zeros_like(running)  # (B,) s_{t+1} in the episode
+        # (B,) s_{t+1} in the episode
+        next_in = m[:, t + 1] if t + 1 < values.shape[1] else torch.zeros_like(running)
         next_value = values[:, t + 1] if t + 1 < values.shape[1] else torch.zeros_like(running)
         delta = rewards[:, t] + gamma * next_value * next_in - values[:, t]
         running = (delta + gamma * lam * next_in * running) * m[:, t]
         advantages[:, t] = running
     return advantages, (advantages + values) * m
-
-
-# -- policy gradients with group baselines: REINFORCE, GRPO, Dr. GRPO, DAPO (chapter 10) ---------------
-# Shared conventions: ``logp`` (B, T) log π_θ of each sampled token, differentiable; ``logp_old`` (B, T)
-# log π_old of the same tokens, detached (= logp.detach() on-policy: ρ = 1); ``advantages`` (B,), one per
-# sequence, or (B, T); ``mask`` (B, T) bool, the tokens the policy chose (sampled: not forced, not padding);
-# ``kl`` (B, T) a per-token KL estimate (e.g. ``kl_estimates(...).k3``) weighted by ``beta`` ≥ 0.
-# Each returns a scalar to *minimise*; none reads a tensor's values on the host (CUDA-graph safe).
-def group_advantages(rewards: torch.Tensor, group_size: int, *, scale: bool = True, eps: float = 1e-6) -> torch.Tensor:
-    """A_i = r_i − mean(r of its group), divided by (std of the group + eps) if ``scale``.
-
-    ``rewards``: (N,) ordered prompt-major (rows p·G … p·G + G − 1 are the G samples of prompt p);
-    ``group_size`` G ≥ 2 divides N. The std is the sample std (Bessel's n − 1, torch.std, as TRL's
-    GRPOTrainer): ``scale=True`` is GRPO's normalisation (Shao et al. 2024), ``scale=False`` Dr. GRPO's
-    (Liu et al. 2025: the std favours prompts that are too easy or too hard). A group whose rewards
-    all tie gets exactly 0: it carries no signal. Returns (N,) float32 (float64 stays float64).
-
-    >>> group_advantages(torch.tensor([1.0, 0.0, 1.0, 1.0]), 2)      # ±0.5 / std √½; a tie
-    tensor([ 0.7071, -0.7071,  0.0000,  0.0000])
-    """
-    if not isinstance(rewards, torch.Tensor) or rewards.dim() != 1 or rewards.numel() == 0:
-        got = tuple(rewards.shape) if isinstance(rewards, torch.Tensor) else type(rewards).__name__
-        raise ValueError(f"rewards must be a non-empty 1-D tensor (N,), got {got}")
-    if isinstance(group_size, bool) or not isinstance(group_size, Integral) or group_size < 2:
-        raise ValueError(f"a group baseline needs at least 2 samples: group_size must be an int >= 2, got {group_size!r}")
-    if rewards.numel() % group_size:
-        raise ValueError(f"{rewards.numel()} rewards do not split into groups of {group_size}")
-    check_positive("eps", eps)
-    r = rewards.reshape(-1, group_size)  # (P, G): one prompt per row
-    r = r if r.dtype == torch.float64 else r.float()
-    adv = r - r.mean(1, keepdim=True)
-    if scale:
-        adv = adv / (r.std(1, keepdim=True) + eps)  # correction=1 (Bessel), defined since G ≥ 2
-    tied = (r == r[:, :1]).all(1, keepdim=True)  # exact 0, not a rounding error of the mean
-    return torch.where(tied, 0.0, adv).view(-1)
-
-
-def _token_advantages(logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Checks logp (B, T), mask and advantages; returns the advantages as (B, T)."""
-    if not isinstance(logp, torch.Tensor) or logp.dim() != 2 or logp.numel() == 0:
-        got = tuple(logp.shape) if isinstance(logp, torch.Tensor) else type(logp).__name__
-        raise ValueError(f"logp must be a non-empty (B, T) tensor, got {got}")
-    _check_mask(mask, logp)
-    if not isinstance(advantages, torch.Tensor):
-        raise TypeError(f"advantages must be a torch.Tensor, got {type(advantages).__name__}")
-    if advantages.shape not in (logp.shape[:1], logp.shape):
-        raise ValueError(f"advantages must be (B,) = {tuple(logp.shape[:1])} or (B, T) = {tuple(logp.shape)}, "
-                         f"got {tuple(advantages.shape)}")
-    return advantages[:, None].expand_as(logp) if advantages.dim() == 1 else advantages  # one A per sequence
-
-
-def _pg_token_loss(logp, logp_old, advantages, mask, clip, clip_high, kl, beta) -> torch.Tensor:
-    """−[min(ρA, clip(ρ, 1 − ε, 1 + ε_high) A) − β kl] per token: (B, T), 0 off the mask."""
-    advantages = _token_advantages(logp, advantages, mask)
-    loss = -ppo_clipped_objective(logp, logp_old, advantages, mask, clip, clip_high=clip_high)
-    if isinstance(beta, bool) or not isinstance(beta, Real) or not 0 <= beta < math.inf:
-        raise ValueError(f"beta must be a finite number >= 0, got {beta!r}")
-    if kl is not None:
-        _check_same_shape(logp=logp, kl=kl)
-    if beta > 0:
-        if kl is None:
-            raise ValueError("beta > 0 needs kl, a per-token KL estimate such as kl_estimates(...).k3")
-        loss = loss + beta * torch.where(mask, kl, 0.0)  # in the loss, per token (Shao et al. eq. 3), not in the reward
-    return loss
-
-
-def listing3_loss(logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """001's Listing 3, ``loss = -(log_probs * advantages).mean()``, done right: −Σ_mask logp·A / Σ_mask 1.
-
-    On-policy REINFORCE with a mean-shifted baseline, no KL penalty, no clipping, no ratio. The
-    listing's ``.mean()`` over a padded tensor counts the padding; here the mean runs over the masked
-    tokens only (0 if there are none). The listing also calls ``optimizer.step()`` without
-    ``loss.backward()``, so as printed it never changes the weights: the fix is the backward pass,
-    which the caller does.
-
-    >>> listing3_loss(torch.tensor([[-1.0, -2.0, 9.0]]), torch.tensor([2.0]), torch.tensor([[True, True, False]]))
-    tensor(3.)
-    """
-    advantages = _token_advantages(logp, advantages, mask)
-    total = torch.where(mask, logp * advantages, 0.0).sum()  # where, not ×: padding may hold anything
-    return -total / mask.sum().clamp_min(1)
-
-
-def grpo_loss(logp: torch.Tensor, logp_old: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, *,
-              clip: float = 0.2, kl: torch.Tensor | None = None, beta: float = 0.0) -> torch.Tensor:
-    """GRPO (Shao et al. 2024, eq. 3): per token −[min(ρA, clip(ρ, 1 − ε, 1 + ε) A) − β kl],
-    averaged over each sequence's own masked tokens (the 1/|o_i|), then over the sequences.
-
-    A row with no masked token contributes 0 and is left out of the mean over sequences. Each
-    sequence weighs the same whatever its length, so a token of a long one weighs less.
-
-    >>> mask = torch.tensor([[True, False, False], [True, True, True]])    # lengths 1 and 3
-    >>> grpo_loss(torch.zeros(2, 3), torch.zeros(2, 3), torch.tensor([1.0, -1.0]), mask)   # (−1 + 1) / 2
-    tensor(0.)
-    """
-    per_token = _pg_token_loss(logp, logp_old, advantages, mask, clip, None, kl, beta)
-    lengths = mask.sum(1)  # (B,) |o_i|
-    per_seq = per_token.sum(1) / lengths.clamp_min(1)  # 0 for an empty row, no 0/0
-    return per_seq.sum() / (lengths > 0).sum().clamp_min(1)
-
-
-def dr_grpo_loss(logp: torch.Tensor, logp_old: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, *,
-                 max_tokens: int, clip: float = 0.2, kl: torch.Tensor | None = None,
-                 beta: float = 0.0) -> torch.Tensor:
-    """Dr. GRPO (Liu et al. 2025): GRPO's per-token term summed over all masked tokens and divided by
-    the constant B·``max_tokens`` (the generation budget), not by each sequence's length.
-
-    The 1/|o_i| of GRPO shrinks the push on long wrong answers (and grows it on short right ones);
-    a constant removes that length bias. Pair it with ``group_advantages(..., scale=False)``.
-
-    >>> mask = torch.tensor([[True, False, False], [True, True, True]])
-    >>> dr_grpo_loss(torch.zeros(2, 3), torch.zeros(2, 3), torch.tensor([1.0, -1.0]), mask, max_tokens=4)  # (−1 + 3) / 8
-    tensor(0.2500)
-    """
-    if isinstance(max_tokens, bool) or not isinstance(max_tokens, Integral) or max_tokens < 1:
-        raise ValueError(f"max_tokens must be an int >= 1 (the generation budget), got {max_tokens!r}")
-    per_token = _pg_token_loss(logp, logp_old, advantages, mask, clip, None, kl, beta)
-    return per_token.sum() / (logp.shape[0] * max_tokens)
-
-
-def dapo_loss(logp: torch.Tensor, logp_old: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, *,
-              clip_low: float = 0.2, clip_high: float = 0.28, kl: torch.Tensor | None = None,
-              beta: float = 0.0) -> torch.Tensor:
-    """DAPO (Yu et al. 2025): per token −[min(ρA, clip(ρ, 1 − ε_low, 1 + ε_high) A) − β kl], summed over
-    all masked tokens of the batch and divided by their number (token-level normalisation).
-
-    Clip-higher (ε_high > ε_low) leaves more room to raise unlikely tokens, against entropy collapse;
-    token-level normalisation weighs every token the same, so long sequences count in proportion.
-
-    >>> dapo_loss(torch.tensor([[math.log(1.25)]]), torch.zeros(1, 1), torch.tensor([1.0]), torch.tensor([[True]]))
-    tensor(-1.2500)
-    """
-    per_token = _pg_token_loss(logp, logp_old, advantages, mask, clip_low, clip_high, kl, beta)
-    return per_token.sum() / mask.sum().clamp_min(1)

@@ -37,7 +37,7 @@ from halluc_lab.training.data import Batch, batches
 from halluc_lab.training.train import History, Loss, NextTokenLoss, TrainConfig, train
 
 if TYPE_CHECKING:  # names for annotations only: importing them would add every task to every key
-    from halluc_lab.model.transformer import ModelConfig
+    from halluc_lab.model.config import ModelConfig
     from halluc_lab.tasks import TaskConfig
 
 SCALES = ("smoke", "full")

@@ -1,9 +1,9 @@
 """One optimizer step: accumulate the loss's gradient over micro-batches, clip it, update with AdamW
 — run eagerly, or captured once as a CUDA graph and replayed.
 
-Chapters 7–10 (every training run goes through :func:`halluc_lab.training.train.train`). Sources: 000 §5.7
-(gradient accumulation), §5.8 (AdamW); 001 Part 1 Listing 2 (forward, ``zero_grad``, ``backward``,
-``step``).
+Chapters 7–10 (every training run goes through :func:`halluc_lab.training.train.train`). Sources:
+000 §5.7 (gradient accumulation), §5.8 (AdamW); 001 Part 1 Listing 2 (forward, ``zero_grad``,
+``backward``, ``step``).
 
 A loss is a callable ``loss(model, batch) -> (summed loss, count)`` (:data:`Loss`): the step sums
 both over the micro-batches and divides the gradient once by the total count. So the gradient is
@@ -39,7 +39,8 @@ from halluc_lab.training.distributed import all_sum, is_wrapped, world_size
 from halluc_lab.training.losses import causal_lm_loss
 
 Loss = Callable[[nn.Module, Batch], "tuple[torch.Tensor, torch.Tensor]"]
-"""``loss(model, batch) -> (summed loss, count)``: 0-d tensors; the step divides the gradient by the count."""
+"""``loss(model, batch) -> (summed loss, count)``: 0-d tensors; the step divides the gradient by the
+count."""
 
 
 @dataclass(frozen=True)
@@ -59,7 +60,8 @@ class NextTokenLoss:
 
     def __call__(self, model: nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         logits = model(batch.input_ids, **batch.model_kwargs())  # (B, T, V)
-        summed = causal_lm_loss(logits, batch.labels, label_smoothing=self.label_smoothing, reduction="sum")
+        summed = causal_lm_loss(logits, batch.labels, label_smoothing=self.label_smoothing,
+                                reduction="sum")
         return summed, batch.n_targets
 
 
@@ -72,15 +74,18 @@ def autocast(device: torch.device, dtype: torch.dtype | None):
 
 
 def _sync_gradients(model: nn.Module, last: bool):
-    """The seam for data parallelism: a model wrapped for it (``no_sync``, as DistributedDataParallel
-    has) all-reduces its gradients only on the last micro-batch of a step."""
+    """The seam for data parallelism: a model wrapped for it (``no_sync``, as
+    DistributedDataParallel has) all-reduces its gradients only on the last micro-batch of a
+    step."""
     no_sync = getattr(model, "no_sync", None)
     return contextlib.nullcontext() if last or no_sync is None else no_sync()
 
 
-def accumulate_gradients(model: nn.Module, batch: Batch, accum_steps: int, *, loss: Loss = NextTokenLoss(),
-                         autocast_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Backpropagate the batch's mean loss in ``accum_steps`` micro-batches; return (mean loss, count).
+def accumulate_gradients(model: nn.Module, batch: Batch, accum_steps: int, *,
+                         loss: Loss = NextTokenLoss(), autocast_dtype: torch.dtype | None = None
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Backpropagate the batch's mean loss in ``accum_steps`` micro-batches; return (mean loss,
+    count).
 
     Each micro-batch's *summed* loss is backpropagated and the accumulated gradient divided once by
     the whole batch's count (see the module docstring). Both results are 0-d tensors: no host sync.
@@ -89,7 +94,8 @@ def accumulate_gradients(model: nn.Module, batch: Batch, accum_steps: int, *, lo
     """
     n_rows = batch.input_ids.shape[0]
     if not isinstance(accum_steps, int) or not 1 <= accum_steps <= n_rows:
-        raise ValueError(f"accum_steps must be an int in [1, {n_rows}] (the batch's rows), got {accum_steps!r}")
+        raise ValueError(f"accum_steps must be an int in [1, {n_rows}] (the batch's rows), got "
+                         f"{accum_steps!r}")
     device = batch.input_ids.device
     total, count = torch.zeros((), device=device), torch.zeros((), device=device)
     sizes = [n_rows // accum_steps + (i < n_rows % accum_steps) for i in range(accum_steps)]
@@ -115,8 +121,9 @@ def accumulate_gradients(model: nn.Module, batch: Batch, accum_steps: int, *, lo
 def make_optimizer(model: nn.Module, cfg, *, capturable: bool = False) -> torch.optim.AdamW:
     """AdamW (000 §5.8) with weight decay on matrices and none on vectors (norm gains, biases).
 
-    ``cfg`` holds ``lr``, ``betas``, ``eps`` and ``weight_decay`` (a :class:`~halluc_lab.training.train.TrainConfig`).
-    ``capturable``: for a :class:`CapturedStep`; the learning rate is then a device tensor.
+    ``cfg`` holds ``lr``, ``betas``, ``eps`` and ``weight_decay`` (a
+    :class:`~halluc_lab.training.train.TrainConfig`). ``capturable``: for a :class:`CapturedStep`;
+    the learning rate is then a device tensor.
     """
     params = [p for p in model.parameters() if p.requires_grad]
     groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
@@ -124,24 +131,27 @@ def make_optimizer(model: nn.Module, cfg, *, capturable: bool = False) -> torch.
     # On a GPU the fused kernel updates every parameter in one launch; elsewhere PyTorch's default.
     fused = True if params and all(p.is_cuda for p in params) else None
     lr = torch.tensor(float(cfg.lr), device=params[0].device) if capturable else cfg.lr
-    return torch.optim.AdamW([g for g in groups if g["params"]], lr=lr, betas=cfg.betas, eps=cfg.eps,
-                             fused=fused, capturable=capturable)
+    return torch.optim.AdamW([g for g in groups if g["params"]], lr=lr, betas=cfg.betas,
+                             eps=cfg.eps, fused=fused, capturable=capturable)
 
 
 def capture_graph(body: Callable[[], Any], optimizers: Sequence[torch.optim.Optimizer] = (), *,
                   warmup: int = 2) -> tuple[torch.cuda.CUDAGraph, Any]:
-    """``(graph, outputs)``: ``body()`` captured as a CUDA graph, to be replayed on inputs copied into the
-    tensors it reads. Gradients are set to None first, so the captured backward writes fresh ones.
+    """``(graph, outputs)``: ``body()`` captured as a CUDA graph, to be replayed on inputs copied
+    into the tensors it reads. Gradients are set to None first, so the captured backward writes
+    fresh ones.
 
-    ``warmup`` runs on a side stream come first (cuBLAS workspaces, lazy caches and the optimizers' state
-    must exist before a capture); what they did to the parameters and state of ``optimizers`` (capturable
-    ones, their learning rates device tensors) is undone in place — the graph records those addresses — so
-    the first replay is the first real update. ``body`` must not synchronise with the host.
+    ``warmup`` runs on a side stream come first (cuBLAS workspaces, lazy caches and the optimizers'
+    state must exist before a capture); what they did to the parameters and state of ``optimizers``
+    (capturable ones, their learning rates device tensors) is undone in place — the graph records
+    those addresses — so the first replay is the first real update. ``body`` must not synchronise
+    with the host.
     """
     own = [(opt, [p for g in opt.param_groups for p in g["params"]]) for opt in optimizers]
     params = [p for _, ps in own for p in ps]
     saved = [p.detach().clone() for p in params]
-    state = {p: {k: v.clone() for k, v in opt.state[p].items()} for opt, ps in own for p in ps if opt.state[p]}
+    state = {p: {k: v.clone() for k, v in opt.state[p].items()} for opt, ps in own for p in ps
+             if opt.state[p]}
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -166,17 +176,19 @@ def capture_graph(body: Callable[[], Any], optimizers: Sequence[torch.optim.Opti
 
 
 class Graphs:
-    """Computations captured as CUDA graphs by name at their first call and replayed after (``enabled``), or
-    run eagerly each time. A body reads and writes tensors that keep their addresses (copy new inputs into
-    them); its graph's outputs are the tensors it wrote at capture, overwritten by every replay."""
+    """Computations captured as CUDA graphs by name at their first call and replayed after
+    (``enabled``), or run eagerly each time. A body reads and writes tensors that keep their
+    addresses (copy new inputs into them); its graph's outputs are the tensors it wrote at capture,
+    overwritten by every replay."""
 
     def __init__(self, enabled: bool = True):
         self.enabled = enabled
         self._graphs: dict[str, tuple[torch.cuda.CUDAGraph, Any]] = {}
 
-    def run(self, name: str, body: Callable[[], Any], optimizers: Sequence[torch.optim.Optimizer] = ()) -> Any:
-        """``body()`` eagerly, or its graph (captured on the first call, undoing the warm-up's steps of
-        ``optimizers``, :func:`capture_graph`) replayed; its outputs."""
+    def run(self, name: str, body: Callable[[], Any],
+            optimizers: Sequence[torch.optim.Optimizer] = ()) -> Any:
+        """``body()`` eagerly, or its graph (captured on the first call, undoing the warm-up's steps
+        of ``optimizers``, :func:`capture_graph`) replayed; its outputs."""
         if not self.enabled:
             return body()
         if name not in self._graphs:
@@ -189,14 +201,16 @@ class Graphs:
 class EagerStep:
     """One optimizer step run op by op: the readable reference :class:`CapturedStep` replays."""
 
-    def __init__(self, model: nn.Module, opt: torch.optim.Optimizer, *, grad_clip: float | None, accum_steps: int,
-                 loss: Loss, autocast_dtype: torch.dtype | None):
+    def __init__(self, model: nn.Module, opt: torch.optim.Optimizer, *, grad_clip: float | None,
+                 accum_steps: int, loss: Loss, autocast_dtype: torch.dtype | None):
         self.model, self.opt, self.loss = model, opt, loss
         self.params = [p for g in opt.param_groups for p in g["params"]]
-        self.grad_clip, self.accum_steps, self.autocast_dtype = grad_clip or math.inf, accum_steps, autocast_dtype
+        self.grad_clip = grad_clip or math.inf
+        self.accum_steps, self.autocast_dtype = accum_steps, autocast_dtype
 
     def body(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Gradients, clipping, update; returns (mean loss, gradient norm before clipping, count)."""
+        """Gradients, clipping, update; returns (mean loss, gradient norm before clipping,
+        count)."""
         total, count = accumulate_gradients(self.model, batch, self.accum_steps, loss=self.loss,
                                             autocast_dtype=self.autocast_dtype)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip)
@@ -218,7 +232,8 @@ class CapturedStep(EagerStep):
         super().__init__(*args, **kwargs)
         self.graph: torch.cuda.CUDAGraph | None = None
         device = self.params[0].device
-        for g in self.opt.param_groups:  # a resumed optimizer reads its rate back as a float or a CPU tensor
+        # a resumed optimizer reads its rate back as a float or a CPU tensor
+        for g in self.opt.param_groups:
             if not (isinstance(g["lr"], torch.Tensor) and g["lr"].device == device):
                 g["lr"] = torch.tensor(float(g["lr"]), device=device)
 
@@ -233,12 +248,14 @@ class CapturedStep(EagerStep):
         if self.graph is None:
             self._capture(batch)
         fields = (batch.input_ids, batch.labels, batch.position_ids, batch.segment_ids)
-        static = (self.static.input_ids, self.static.labels, self.static.position_ids, self.static.segment_ids)
+        static = (self.static.input_ids, self.static.labels, self.static.position_ids,
+                  self.static.segment_ids)
         for new, old in zip(fields, static):
             if (new is None) != (old is None) or (new is not None and new.shape != old.shape):
-                raise ValueError("a captured training step needs every batch in the shape of the first "
-                                 f"({tuple(old.shape) if old is not None else None}, got "
-                                 f"{tuple(new.shape) if new is not None else None}); train with cuda_graph=False")
+                raise ValueError("a captured training step needs every batch in the shape of the "
+                                 f"first ({tuple(old.shape) if old is not None else None}, got "
+                                 f"{tuple(new.shape) if new is not None else None}); train with "
+                                 "cuda_graph=False")
             if new is not None:
                 old.copy_(new, non_blocking=True)
         self.graph.replay()

@@ -5,19 +5,19 @@ Chapters 7–8. Sources: 000 §5.7 (gradient accumulation), §5.8 (AdamW, Loshch
 forward, ``zero_grad``, ``backward``, ``step``).
 
 The loop knows no loss: it takes a callable ``loss(model, batch) -> (summed loss, count)``
-(:data:`halluc_lab.training.step.Loss`); :mod:`halluc_lab.training.step` runs one optimizer step with it (eagerly, or
-replayed as a CUDA graph on a GPU). Next-token cross-entropy (:class:`~halluc_lab.training.step.NextTokenLoss`,
-pre-training and SFT) is the default; DPO, a reward model or a policy gradient pass their own — no
-loss is ever chosen by a string. Data come
-from a function ``step -> Batch`` (:func:`halluc_lab.training.data.batches`) so that a resumed run sees
-exactly the batches it would have seen; the only other randomness (scheduled sampling)
+(:data:`halluc_lab.training.step.Loss`); :mod:`halluc_lab.training.step` runs one optimizer step
+with it (eagerly, or replayed as a CUDA graph on a GPU). Next-token cross-entropy
+(:class:`~halluc_lab.training.step.NextTokenLoss`, pre-training and SFT) is the default; DPO, a
+reward model or a policy gradient pass their own — no loss is ever chosen by a string. Data come
+from a function ``step -> Batch`` (:func:`halluc_lab.training.data.batches`) so that a resumed run
+sees exactly the batches it would have seen; the only other randomness (scheduled sampling)
 is seeded by the step as well. Hence resuming from a checkpoint reproduces the losses of
 an uninterrupted run (tested).
 
 Checkpoints go to ``checkpoint_dir/step-NNNNNN/``: the model's state dict as
-``model.safetensors`` (any ``nn.Module``; shared weights saved once) and ``trainer_state.pt`` (optimizer state, step, history, the
-config, and SHA-256 checksums of the weight files). Loading one checks all of it and raises
-:class:`CheckpointError` on any mismatch: never a partial load.
+``model.safetensors`` (any ``nn.Module``; shared weights saved once) and ``trainer_state.pt``
+(optimizer state, step, history, the config, and SHA-256 checksums of the weight files). Loading one
+checks all of it and raises :class:`CheckpointError` on any mismatch: never a partial load.
 
 Departures: the schedule counts optimizer steps from t = 1, so the first update already
 uses η0/W (Hugging Face's ``get_cosine_schedule_with_warmup`` is the same function of t but
@@ -45,7 +45,8 @@ from halluc_lab.training import distributed
 from halluc_lab.training.data import Batch
 from halluc_lab.device import deterministic
 from halluc_lab.progress import progress
-from halluc_lab.training.step import (CapturedStep, EagerStep, Loss, NextTokenLoss, accumulate_gradients,  # noqa: F401
+from halluc_lab.training.step import (CapturedStep, EagerStep, Loss, NextTokenLoss,
+                                      accumulate_gradients,  # noqa: F401
                              make_optimizer)
 
 STATE_FILE = "trainer_state.pt"
@@ -72,22 +73,23 @@ class TrainConfig:
     log_every: int = 25  # steps between host syncs that record the history
 
     def __post_init__(self):
-        for name, low in (("steps", 1), ("warmup_steps", 0), ("accum_steps", 1), ("checkpoint_every", 0),
-                          ("keep_checkpoints", 1), ("log_every", 1)):
+        for name, low in (("steps", 1), ("warmup_steps", 0), ("accum_steps", 1),
+                          ("checkpoint_every", 0), ("keep_checkpoints", 1), ("log_every", 1)):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, Integral) or v < low:
                 raise ValueError(f"{name} must be an int >= {low}, got {v!r}")
             object.__setattr__(self, name, int(v))  # a numpy integer: the int a cache key holds
         if self.warmup_steps >= self.steps:
-            raise ValueError(f"warmup_steps must be < steps ({self.steps}), got {self.warmup_steps}")
+            raise ValueError(f"warmup_steps must be < steps ({self.steps}), "
+                             f"got {self.warmup_steps}")
         for name, low, what in (("lr", 0, "a finite number > 0"), ("eps", 0, "a finite number > 0"),
                                 ("weight_decay", None, "a finite number >= 0"),
                                 ("grad_clip", 0, "a finite number > 0 or None")):
             v = getattr(self, name)
             if v is None and name == "grad_clip":
                 continue
-            if isinstance(v, bool) or not isinstance(v, Real) or not (
-                    math.isfinite(v) and (v >= 0 if low is None else v > low)):
+            if (isinstance(v, bool) or not isinstance(v, Real)
+                    or not ( math.isfinite(v) and (v >= 0 if low is None else v > low))):
                 raise ValueError(f"{name} must be {what}, got {v!r}")
             object.__setattr__(self, name, _plain(v))
         betas = self.betas
@@ -111,15 +113,19 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
     """
     if isinstance(step, bool) or not isinstance(step, Integral) or not 0 <= step <= cfg.steps:
         raise ValueError(f"step must be an int in [0, {cfg.steps}], got {step!r}")
-    if step <= cfg.warmup_steps and cfg.warmup_steps > 0:  # W = 0: no warmup, the cosine starts at t = 0
+    # W = 0: no warmup, the cosine starts at t = 0
+    if step <= cfg.warmup_steps and cfg.warmup_steps > 0:
         return cfg.lr * step / cfg.warmup_steps
-    return cfg.lr * 0.5 * (1.0 + math.cos(math.pi * (step - cfg.warmup_steps) / (cfg.steps - cfg.warmup_steps)))
+    angle = math.pi * (step - cfg.warmup_steps) / (cfg.steps - cfg.warmup_steps)
+    return cfg.lr * 0.5 * (1.0 + math.cos(angle))
 
 
 @torch.no_grad()
-def adamw_reference_step(param: torch.Tensor, grad: torch.Tensor, m: torch.Tensor, v: torch.Tensor, t: int,
-                         lr: float, betas: tuple[float, float], eps: float, weight_decay: float) -> None:
-    """One AdamW update written as 000 §5.8 states it, in place (``torch.optim.AdamW`` agrees, tested).
+def adamw_reference_step(param: torch.Tensor, grad: torch.Tensor, m: torch.Tensor, v: torch.Tensor,
+                         t: int, lr: float, betas: tuple[float, float], eps: float,
+                         weight_decay: float) -> None:
+    """One AdamW update written as 000 §5.8 states it, in place (``torch.optim.AdamW`` agrees,
+    tested).
 
     m_t = β1 m + (1−β1) g;  v_t = β2 v + (1−β2) g²;  m̂ = m_t/(1−β1^t);  v̂ = v_t/(1−β2^t);
     θ_t = θ − η (m̂/(√v̂ + ε) + λ θ).
@@ -139,8 +145,10 @@ class History:
     loss: list[float] = field(default_factory=list)  # mean target-token loss of the step's batch
     lr: list[float] = field(default_factory=list)  # learning rate used at the step
     grad_norm: list[float] = field(default_factory=list)  # global gradient norm before clipping
-    tokens_per_s: list[float] = field(default_factory=list)  # input tokens per second (averaged per log window)
-    metrics: dict[str, list[float]] = field(default_factory=dict)  # other series a stage records (PPO: per round)
+    # input tokens per second (averaged per log window)
+    tokens_per_s: list[float] = field(default_factory=list)
+    # other series a stage records (PPO: per round)
+    metrics: dict[str, list[float]] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -153,8 +161,10 @@ class History:
 
 def train(model: nn.Module, data: Callable[[int], Batch], cfg: TrainConfig, *,
           checkpoint_dir: str | os.PathLike | None = None, resume: bool = False,
-          loss: Loss = NextTokenLoss(), prepare: Callable[[nn.Module, Batch, int], Batch] | None = None,
-          autocast_dtype: torch.dtype | None = None, cuda_graph: bool | None = None, desc: str = "train") -> History:
+          loss: Loss = NextTokenLoss(),
+          prepare: Callable[[nn.Module, Batch, int], Batch] | None = None,
+          autocast_dtype: torch.dtype | None = None, cuda_graph: bool | None = None,
+          desc: str = "train") -> History:
     """Train ``model`` for ``cfg.steps`` optimizer steps; return the metrics history.
 
     Args:
@@ -163,20 +173,23 @@ def train(model: nn.Module, data: Callable[[int], Batch], cfg: TrainConfig, *,
             ``cfg.accum_steps`` micro-batches whose summed losses are divided by the batch's
             count, so the gradient equals the big batch's.
         loss: ``loss(model, batch) -> (summed loss, count)``; next-token cross-entropy by default.
-        checkpoint_dir: where to save checkpoints (every ``cfg.checkpoint_every`` steps and at the end).
-        resume: continue from the latest checkpoint in ``checkpoint_dir`` if there is one.
+        checkpoint_dir: where to save checkpoints (every ``cfg.checkpoint_every`` steps and at the
+        end). resume: continue from the latest checkpoint in ``checkpoint_dir`` if there is one.
         prepare: ``prepare(model, batch, step) -> batch`` run before the step (scheduled sampling).
         autocast_dtype: e.g. ``torch.bfloat16`` for autocast on the model's device; None for none.
-        cuda_graph: capture the step as a CUDA graph (:class:`~halluc_lab.training.step.CapturedStep`); None: on CUDA
+        cuda_graph: capture the step as a CUDA graph
+        (:class:`~halluc_lab.training.step.CapturedStep`); None: on CUDA
             in a single process.
 
-    Under ``torchrun`` (:mod:`halluc_lab.training.distributed`) every rank draws the same global batch, runs
-    ``prepare`` on it, and trains on its contiguous share of the rows in ``DistributedDataParallel``; the
-    losses, the gradient and so the weights are the single process's (up to the order of float sums).
-    Rank 0 writes the checkpoints; every rank resumes from them.
+    Under ``torchrun`` (:mod:`halluc_lab.training.distributed`) every rank draws the same global
+    batch, runs ``prepare`` on it, and trains on its contiguous share of the rows in
+    ``DistributedDataParallel``; the losses, the gradient and so the weights are the single
+    process's (up to the order of float sums). Rank 0 writes the checkpoints; every rank resumes
+    from them.
     """
     with deterministic():  # same seed, same device type: the same bits (ARCHITECTURE.md §3)
-        return _train_loop(model, data, cfg, checkpoint_dir, resume, loss, prepare, autocast_dtype, cuda_graph, desc)
+        return _train_loop(model, data, cfg, checkpoint_dir, resume, loss, prepare, autocast_dtype,
+                           cuda_graph, desc)
 
 
 def _train_loop(model, data, cfg, checkpoint_dir, resume, loss, prepare, autocast_dtype, cuda_graph,
@@ -188,7 +201,8 @@ def _train_loop(model, data, cfg, checkpoint_dir, resume, loss, prepare, autocas
     if graphed and device.type != "cuda":
         raise ValueError(f"cuda_graph=True needs the model on a CUDA device, not {device.type}")
     if graphed and ranks > 1:
-        raise ValueError("cuda_graph=True is for one process: a distributed step runs eagerly (DDP's all-reduce "
+        raise ValueError("cuda_graph=True is for one process: a distributed step runs eagerly "
+                         "(DDP's all-reduce "
                          "overlaps the backward pass)")
     opt = make_optimizer(model, cfg, capturable=graphed)
     history, start = History(), 1
@@ -201,12 +215,14 @@ def _train_loop(model, data, cfg, checkpoint_dir, resume, loss, prepare, autocas
             start = done + 1
     was_training = model.training
     model.train()
-    step_fn = (CapturedStep if graphed else EagerStep)(distributed.wrap(model), opt, grad_clip=cfg.grad_clip,
+    step_fn = (CapturedStep if graphed else EagerStep)(distributed.wrap(model), opt,
+                                                       grad_clip=cfg.grad_clip,
                                                        accum_steps=cfg.accum_steps, loss=loss,
                                                        autocast_dtype=autocast_dtype)
     pending: list[tuple] = []
     clock = time.perf_counter()
-    for step in progress(range(start, cfg.steps + 1), desc=desc, initial=start - 1, total=cfg.steps):
+    for step in progress(range(start, cfg.steps + 1), desc=desc, initial=start - 1,
+                         total=cfg.steps):
         lr = lr_at(step, cfg)
         batch = data(step - 1).to(device)
         if prepare is not None:
@@ -223,19 +239,24 @@ def _train_loop(model, data, cfg, checkpoint_dir, resume, loss, prepare, autocas
         if save_now:
             if distributed.is_main():
                 save_checkpoint(checkpoint_dir, step, model, opt, history, cfg)
-            distributed.barrier()  # every rank's next read (a resume, the cache) sees the whole checkpoint
-    opt.zero_grad(set_to_none=True)  # a captured step's gradients live in its graph's memory: let them go
+            # every rank's next read (a resume, the cache) sees the whole checkpoint
+            distributed.barrier()
+    # a captured step's gradients live in its graph's memory: let them go
+    opt.zero_grad(set_to_none=True)
     model.train(was_training)
     return history
 
 
 def _shard(batch: Batch, accum_steps: int) -> Batch:
-    """This rank's contiguous rows of a global batch, split into the same ``accum_steps`` micro-batches."""
+    """This rank's contiguous rows of a global batch, split into the same ``accum_steps``
+    micro-batches."""
     n = batch.input_ids.shape[0]
     share = distributed.shard(n)
     if share.stop - share.start < accum_steps:
-        raise ValueError(f"a batch of {n} rows over {distributed.world_size()} processes leaves rank "
-                         f"{distributed.rank()} {share.stop - share.start} rows, fewer than accum_steps={accum_steps}: "
+        raise ValueError(f"a batch of {n} rows over {distributed.world_size()} processes "
+                         "leaves rank "
+                         f"{distributed.rank()} {share.stop - share.start} rows, fewer than "
+                         f"accum_steps={accum_steps}: "
                          "use fewer processes, a bigger batch or fewer micro-batches")
     return batch[share]
 
@@ -245,12 +266,14 @@ def _flush(pending: list, history: History, clock: float) -> float:
     that every step had something to learn from."""
     if not pending:
         return clock
-    values = torch.stack([torch.stack([p[2].float(), p[3].float(), p[4].float()]) for p in pending]).tolist()
+    values = torch.stack([torch.stack([p[2].float(), p[3].float(), p[4].float()])
+                          for p in pending]).tolist()
     now = time.perf_counter()
     rate = sum(p[5] for p in pending) / max(now - clock, 1e-9)
     for (step, lr, *_), (loss, gn, count) in zip(pending, values):
         if count == 0:
-            raise ValueError(f"the batch of step {step} has no target tokens (every label is IGNORE, or the "
+            raise ValueError(f"the batch of step {step} has no target tokens (every label is "
+                             "IGNORE, or the "
                              "loss counted nothing): check the data's labels")
         if not math.isfinite(loss):
             raise FloatingPointError(f"the loss is {loss} at step {step} (lr {lr:.3g}): "
@@ -278,14 +301,16 @@ WEIGHTS_FILE = "model.safetensors"
 
 
 def model_fingerprint(model: nn.Module) -> str:
-    """What must match for a checkpoint to belong to this model: its class, config and parameter shapes."""
+    """What must match for a checkpoint to belong to this model: its class, config and parameter
+    shapes."""
     shapes = ",".join(f"{k}:{tuple(v.shape)}" for k, v in model.state_dict().items())
     return f"{type(model).__name__}|{getattr(model, 'config', None)!r}|{shapes}"
 
 
-def save_checkpoint(checkpoint_dir: str | os.PathLike, step: int, model: nn.Module, opt: torch.optim.Optimizer,
-                    history: History, cfg: TrainConfig) -> str:
-    """Write ``step-NNNNNN/`` atomically (a temporary directory renamed at the end); keep the last few."""
+def save_checkpoint(checkpoint_dir: str | os.PathLike, step: int, model: nn.Module,
+                    opt: torch.optim.Optimizer, history: History, cfg: TrainConfig) -> str:
+    """Write ``step-NNNNNN/`` atomically (a temporary directory renamed at the end); keep the last
+    few."""
     checkpoint_dir = os.fspath(checkpoint_dir)
     os.makedirs(checkpoint_dir, exist_ok=True)
     final = os.path.join(checkpoint_dir, f"step-{step:06d}")
@@ -295,10 +320,12 @@ def save_checkpoint(checkpoint_dir: str | os.PathLike, step: int, model: nn.Modu
     save_model(model, os.path.join(tmp, WEIGHTS_FILE))
     torch.save({"step": step, "optimizer": opt.state_dict(), "history": history.to_dict(),
                 "config": dataclasses.asdict(cfg), "model": model_fingerprint(model),
-                "sha256": {WEIGHTS_FILE: file_sha256(os.path.join(tmp, WEIGHTS_FILE))}}, os.path.join(tmp, STATE_FILE))
+                "sha256": {WEIGHTS_FILE: file_sha256(os.path.join(tmp, WEIGHTS_FILE))}},
+               os.path.join(tmp, STATE_FILE))
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
-    kept = sorted(d for d in os.listdir(checkpoint_dir) if d.startswith("step-") and not d.endswith(".tmp"))
+    kept = sorted(d for d in os.listdir(checkpoint_dir) if d.startswith("step-")
+                  and not d.endswith(".tmp"))
     for old in kept[:-cfg.keep_checkpoints]:
         shutil.rmtree(os.path.join(checkpoint_dir, old), ignore_errors=True)
     return final
@@ -308,7 +335,8 @@ def latest_checkpoint(checkpoint_dir: str | os.PathLike) -> str | None:
     """The newest complete ``step-NNNNNN`` directory, or None."""
     if not os.path.isdir(checkpoint_dir):
         return None
-    done = sorted(d for d in os.listdir(checkpoint_dir) if d.startswith("step-") and not d.endswith(".tmp"))
+    done = sorted(d for d in os.listdir(checkpoint_dir) if d.startswith("step-")
+                  and not d.endswith(".tmp"))
     return os.path.join(os.fspath(checkpoint_dir), done[-1]) if done else None
 
 
@@ -331,14 +359,17 @@ def load_checkpoint(path: str | os.PathLike, model: nn.Module, opt: torch.optim.
         raise CheckpointError(f"{path} was written for another TrainConfig; differing fields "
                               f"(now, checkpoint): {diff}")
     if sorted(state["sha256"]) != [WEIGHTS_FILE]:
-        raise CheckpointError(f"{path}: the state records weight files {sorted(state['sha256'])}, not {WEIGHTS_FILE}")
+        raise CheckpointError(f"{path}: the state records weight files {sorted(state['sha256'])}, "
+                              f"not {WEIGHTS_FILE}")
     for f, digest in state["sha256"].items():
         if not os.path.exists(os.path.join(path, f)):
             raise CheckpointError(f"{path}/{f} is missing")
         if file_sha256(os.path.join(path, f)) != digest:
-            raise CheckpointError(f"{path}/{f} is corrupted: its SHA-256 differs from the one recorded at save time")
+            raise CheckpointError(f"{path}/{f} is corrupted: its SHA-256 differs from the one "
+                                  "recorded at save time")
     if state["model"] != model_fingerprint(model):
-        raise CheckpointError(f"{path} holds a different model (class, config or parameter shapes differ)")
+        raise CheckpointError(f"{path} holds a different model (class, config or parameter "
+                              "shapes differ)")
     if opt is not None:
         saved = [len(g["params"]) for g in state["optimizer"]["param_groups"]]
         if saved != [len(g["params"]) for g in opt.param_groups]:
@@ -352,5 +383,6 @@ def load_checkpoint(path: str | os.PathLike, model: nn.Module, opt: torch.optim.
         if opt is not None:
             opt.load_state_dict(state["optimizer"])
     except Exception as e:
-        raise CheckpointError(f"{path}: cannot load into this model ({type(e).__name__}: {e})") from e
+        raise CheckpointError(f"{path}: cannot load into this model "
+                              f"({type(e).__name__}: {e})") from e
     return int(state["step"]), History.from_dict(state["history"])

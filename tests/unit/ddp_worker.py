@@ -20,7 +20,8 @@ from safetensors.torch import save_file
 from halluc_lab.stages import rlvr
 from halluc_lab.training import distributed
 from halluc_lab.training.data import Batch, batches
-from halluc_lab.model.transformer import ModelConfig, Transformer
+from halluc_lab.model.config import ModelConfig
+from halluc_lab.model.transformer import Transformer
 from halluc_lab.stages.reward_model import VerifierReward
 from halluc_lab.tasks import make_task
 from halluc_lab.tasks.arithmetic import ArithmeticConfig

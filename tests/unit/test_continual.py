@@ -5,12 +5,13 @@ import math
 import pytest
 import torch
 
-from halluc_lab.extensions.continual import (Anchor, Anchored, FrozenBlocks, FullFineTune, LoRA, Replay, block_parameters,
-                                  first_order_change, flat_gradient, grow_vocabulary, old_prompt_kl, span_share,
-                                  train_new_rows, train_only)
+from halluc_lab.extensions.continual import (Anchored, block_parameters, first_order_change, flat_gradient,
+                                             grow_vocabulary, old_prompt_kl, span_share, train_new_rows, train_only)
+from halluc_lab.extensions.continual_methods import Anchor, FrozenBlocks, FullFineTune, LoRA, Replay
 from halluc_lab.training.data import Batch, Encoded, batches
 from halluc_lab.extensions.lora import ATTENTION, LoraSpec
-from halluc_lab.model.transformer import ModelConfig, Transformer
+from halluc_lab.model.config import ModelConfig
+from halluc_lab.model.transformer import Transformer
 from halluc_lab.training.step import NextTokenLoss
 from halluc_lab.training.train import TrainConfig, train
 

@@ -9,11 +9,13 @@ from hypothesis import strategies as st
 
 from halluc_lab.generation import decoding, engine_graphs, sampling
 from halluc_lab.generation import engine as engine_module
+from halluc_lab.generation import engine_core
 from halluc_lab.generation.backtrack import rollout
 from halluc_lab.generation.engine import Engine, SamplingParams, engine_for, generate
 from halluc_lab.model import attention, positional
 from halluc_lab.model.hf_convert import to_hf
-from halluc_lab.model.transformer import ModelConfig, Transformer
+from halluc_lab.model.config import ModelConfig
+from halluc_lab.model.transformer import Transformer
 from halluc_lab.model.positional import RopeScaling
 from tests.unit._tiny_lm import DECODING, small_transformer
 
@@ -490,14 +492,14 @@ def test_graph_bookkeeping_matches_eager_with_a_stand_in_graph(monkeypatch):
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
     model, ps = tiny(n_kv_heads=1), prompts(4)
     actions = STEPS[:3] + [("step", {2: 3})] + [("rollback", [0, 3], [2, 1])] + STEPS
-    original = engine_module.capture_step
+    original = engine_core.capture_step
 
     def capture_step(eng, body, pool=None):
         graph = original(eng, body, pool)
         graph.step = body
         return graph
 
-    monkeypatch.setattr(engine_module, "capture_step", capture_step)
+    monkeypatch.setattr(engine_core, "capture_step", capture_step)
     results = []
     for graphed in (False, True):
         eng = Engine(model, 8, 64)

@@ -160,7 +160,8 @@ def test_step_cost_counts_the_matmuls_pytorch_counts():
     from torch.utils.flop_counter import FlopCounterMode
 
     from halluc_lab.model.kv_cache import step_cost
-    from halluc_lab.model.transformer import ModelConfig, Transformer
+    from halluc_lab.model.config import ModelConfig
+    from halluc_lab.model.transformer import Transformer
 
     config = ModelConfig(vocab_size=50, hidden_size=32, n_layers=2, n_heads=4, n_kv_heads=2, tie_embeddings=False)
     model = Transformer(config)
@@ -181,7 +182,7 @@ def test_step_cost_counts_the_matmuls_pytorch_counts():
 
 def test_step_cost_rejects_bad_counts():
     from halluc_lab.model.kv_cache import step_cost
-    from halluc_lab.model.transformer import ModelConfig
+    from halluc_lab.model.config import ModelConfig
 
     config = ModelConfig(vocab_size=50, hidden_size=32, n_layers=1, n_heads=2)
     for kw in (dict(n_new=0), dict(n_new=1, n_cached=-1), dict(n_new=1, batch=0)):

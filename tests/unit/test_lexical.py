@@ -1,4 +1,4 @@
-"""halluc_lab.foundations.lexical: precision/recall/F1, edit distance, PMI, TF-IDF, BM25 and RRF (004 §2.1, §3)."""
+"""halluc_lab.foundations.lexical and .edits: precision/recall/F1, edit distance, PMI, TF-IDF, BM25 and RRF (004 §2.1, §3)."""
 
 import math
 from collections import deque
@@ -9,16 +9,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from halluc_lab.foundations.edits import Edit, apply_edits, edit_distance, edit_script, edit_table
 from halluc_lab.foundations.lexical import (
-    Edit,
-    apply_edits,
     bm25_scores,
     bm25_top_k,
     cooccurrence_counts,
     document_frequency,
-    edit_distance,
-    edit_script,
-    edit_table,
     idf_bm25,
     idf_plain,
     idf_okapi,

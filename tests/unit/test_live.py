@@ -8,7 +8,8 @@ import torch
 
 from halluc_lab.generation import sampling
 from halluc_lab.book.live import LiveSampler, distribution_html, live_sampler
-from halluc_lab.model.transformer import ModelConfig, Transformer
+from halluc_lab.model.config import ModelConfig
+from halluc_lab.model.transformer import Transformer
 from halluc_lab.tasks import KBWalk, KBWalkConfig
 
 

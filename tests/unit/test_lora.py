@@ -5,7 +5,8 @@ import torch
 
 from halluc_lab.training.data import Batch, batches
 from halluc_lab.extensions.lora import ALL_LINEAR, ATTENTION, MLP, AdaptedLM, LoraSpec, merge, trainable, with_lora
-from halluc_lab.model.transformer import ModelConfig, Transformer
+from halluc_lab.model.config import ModelConfig
+from halluc_lab.model.transformer import Transformer
 from halluc_lab.training.train import TrainConfig, train
 
 pytest.importorskip("peft")

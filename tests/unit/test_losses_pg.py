@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from halluc_lab.training.losses import (
+from halluc_lab.training.rlvr_losses import (
     dapo_loss,
     dr_grpo_loss,
     group_advantages,

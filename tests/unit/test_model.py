@@ -258,7 +258,7 @@ def test_config_fields_of_the_wrong_type_raise_type_error(kw, name):
 def test_model_config_accepts_numpy_integers_as_ints():
     import numpy as np
 
-    from halluc_lab.model.transformer import ModelConfig
+    from halluc_lab.model.config import ModelConfig
 
     cfg = ModelConfig(vocab_size=np.int64(10), hidden_size=np.int32(8), n_layers=1, n_heads=2)
     assert cfg == ModelConfig(vocab_size=10, hidden_size=8, n_layers=1, n_heads=2)

@@ -16,7 +16,7 @@ from halluc_lab.stages import preference
 from halluc_lab.training import train as halluc_train
 from halluc_lab.training.data import IGNORE, batches
 from halluc_lab.evaluation.evaluate import score_answers
-from halluc_lab.model.transformer import ModelConfig
+from halluc_lab.model.config import ModelConfig
 from halluc_lab.stages.preference import (DPOLoss, PreferencePairs, SampleGroups, VerifierReward, best_of_n, build_pairs,
                                    pair_logps, precompute_reference_logps, rank_pairs, rsft_rows, sample_groups,
                                    soft_best_of_n)

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from halluc_lab import progress, recipes
-from halluc_lab.recipes import cache as recipe_cache, code_trees
-from halluc_lab.recipes.cache import Platform
+from halluc_lab.recipes import cache as recipe_cache, cache_key, code_trees
+from halluc_lab.recipes.cache_key import Platform
 from tests.unit.test_recipes import CPU, same_weights, tiny, tiny_sft
 
 SMOKE = {name: recipes.get(name, "smoke") for name in recipes.NAMES}
@@ -38,7 +38,7 @@ def test_every_recipe_key_covers_its_stage_module_and_the_loop(name):
     for link in recipe_cache.lineage(r):
         assert type(link.stage).__module__ in used
     assert {"halluc_lab.training.train", "halluc_lab.model.transformer", "halluc_lab.training.recipe"} <= set(used)
-    assert not set(recipe_cache.EXEMPT) & set(used)
+    assert not set(cache_key.EXEMPT) & set(used)
 
 
 def test_adding_a_function_to_rlvr_rounds_changes_only_the_keys_of_rlvr_chains():

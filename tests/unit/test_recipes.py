@@ -14,14 +14,14 @@ import pytest
 import torch
 
 from halluc_lab import recipes
-from halluc_lab.recipes import code_trees, cache as recipe_cache
+from halluc_lab.recipes import cache as recipe_cache, cache_key, code_trees
 from halluc_lab.stages import pretraining
 from halluc_lab.training import recipe
 from halluc_lab.training import train as halluc_train
 from halluc_lab.training.data import IGNORE
-from halluc_lab.model.transformer import ModelConfig
+from halluc_lab.model.config import ModelConfig
 from halluc_lab.evaluation.retrieval import fact_passages
-from halluc_lab.stages.reward_model import AgreeableAnnotator
+from halluc_lab.stages.preference_data import AgreeableAnnotator
 from halluc_lab.stages.sft import BackspaceConfig, RetrievedContext
 from halluc_lab.tasks import ArithmeticConfig, make_task
 from halluc_lab.training.train import NextTokenLoss, TrainConfig, file_sha256
@@ -319,12 +319,12 @@ def test_key_changes_with_the_config_the_parent_the_version_and_the_dtype(monkey
     assert recipes.key(dataclasses.replace(r, parent=dataclasses.replace(r.parent, seed=5))) != k
     assert recipes.key(dataclasses.replace(r, task=dataclasses.replace(r.task, reverse_output=True))) != k
     assert recipes.key(r, torch.bfloat16) != k
-    monkeypatch.setattr(recipe_cache, "FORMAT_VERSION", recipe_cache.FORMAT_VERSION + 1)
+    monkeypatch.setattr(cache_key, "FORMAT_VERSION", cache_key.FORMAT_VERSION + 1)
     assert recipes.key(r) != k
 
 
 def test_configs_of_different_types_with_equal_fields_have_different_keys():
-    from halluc_lab.stages.rlvr import GRPO, DrGRPO
+    from halluc_lab.training.rlvr_losses import GRPO, DrGRPO
 
     r = recipes.get("kb_walk-rlvr", "smoke")
     grpo = dataclasses.replace(r, stage=dataclasses.replace(r.stage, policy_loss=GRPO(clip=0.2)))

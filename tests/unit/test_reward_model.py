@@ -7,10 +7,12 @@ import torch
 
 from halluc_lab.training.data import IGNORE, batches, rollout_batch
 from halluc_lab.training.losses import sequence_logprobs
-from halluc_lab.model.transformer import ModelConfig, Transformer
-from halluc_lab.stages.reward_model import (AgreeableAnnotator, BradleyTerryLoss, LearnedReward, RewardModel, SampleGroups,
-                                     build_pairs, pair_accuracy, pair_ends, pair_index, pair_masks, pair_rewards, pair_rows,
-                                     reward_correlation, score)
+from halluc_lab.model.config import ModelConfig
+from halluc_lab.model.transformer import Transformer
+from halluc_lab.stages.preference_data import (AgreeableAnnotator, SampleGroups, build_pairs, pair_ends, pair_index,
+                                               pair_masks, pair_rows)
+from halluc_lab.stages.reward_model import (BradleyTerryLoss, LearnedReward, RewardModel, pair_accuracy, pair_rewards,
+                                            reward_correlation, score)
 from halluc_lab.tasks import Arithmetic, ArithmeticConfig, Sycophancy, SycophancyConfig
 from halluc_lab.training.train import TrainConfig, train
 from tests.unit._tiny_lm import small_transformer

@@ -10,7 +10,8 @@ import torch
 
 from halluc_lab import recipes
 from halluc_lab.device import deterministic
-from halluc_lab.stages.reward_model import RewardModel, pair_accuracy, sample_groups
+from halluc_lab.stages.preference_data import sample_groups
+from halluc_lab.stages.reward_model import RewardModel, pair_accuracy
 from halluc_lab.stages.rlhf import PPO, PPOConfig, PPOHistory, RewardModelPlan, fit_reward_model, ppo
 from tests.unit._tiny_lm import small_transformer
 from tests.unit.test_preference import cache, same_weights, shared_cache, tiny_chain  # noqa: F401 (fixtures)

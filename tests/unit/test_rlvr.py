@@ -17,11 +17,6 @@ from halluc_lab.device import deterministic
 from halluc_lab.model.transformer import Transformer
 from halluc_lab.stages.reward_model import VerifierReward
 from halluc_lab.stages.rlvr import (
-    DAPO,
-    GRPO,
-    POLICY_LOSSES,
-    DrGRPO,
-    Listing3,
     RLVRConfig,
     RLVRHistory,
     RLVR,
@@ -30,6 +25,7 @@ from halluc_lab.stages.rlvr import (
 from halluc_lab.stages.rlvr_rounds import CapturedUpdate, keep_rows, log_logprobs, pad_flags, round_rows
 from tests.unit._tiny_lm import small_transformer
 from halluc_lab.tasks import make_task
+from halluc_lab.training.rlvr_losses import DAPO, GRPO, POLICY_LOSSES, DrGRPO, Listing3
 from halluc_lab.model.tokenizer import Tokenizer
 from tests.unit.test_backtrack import BKSP, FORCED, prompts, run, tiny
 from tests.unit.test_preference import cache, same_weights, shared_cache, tiny_chain  # noqa: F401 (fixtures)

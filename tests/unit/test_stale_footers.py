@@ -6,7 +6,7 @@ from pathlib import Path
 import nbformat
 from halluc_lab.recipes import code_trees
 from halluc_lab.book.notebook import stale_footers
-from halluc_lab.recipes.cache import FORMAT_VERSION
+from halluc_lab.recipes.cache_key import FORMAT_VERSION
 
 
 def _glued(name, value):

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from halluc_lab.training.data import batches
-from halluc_lab.model.transformer import ModelConfig, Transformer
+from halluc_lab.model.config import ModelConfig
+from halluc_lab.model.transformer import Transformer
 from halluc_lab.model.tokenizer import Tokenizer
 from halluc_lab.training.train import TrainConfig, train
 from halluc_lab.extensions.vision import MAX_NOISE, PALETTE, GridWorld, VisionLanguageModel, cells_right
