@@ -43,7 +43,7 @@ from pathlib import Path
 from docutils import nodes
 
 STATIC = Path(__file__).resolve().with_name("static")
-INTERACTIVE_JS = Path(__file__).resolve().parents[2] / "halluc_lab" / "interactive.js"
+INTERACTIVE_JS = Path(__file__).resolve().parents[2] / "halluc_lab" / "book" / "interactive.js"
 NBVAL_MARKER = re.compile(r"^[ \t]*# NBVAL_[A-Z_]+[ \t]*\n?", re.MULTILINE)
 CLAIM_TABLE = 'class="claim-table"'
 ERRATA_COLUMNS = ["document", "section", "stated", "computed", "why"]
