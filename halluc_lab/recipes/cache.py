@@ -277,15 +277,22 @@ def _discard(path: str, fault: str) -> None:
             os.remove(os.path.join(path, name))
 
 
-def _run(recipe: Recipe, checkpoints: str, device: torch.device, dtype: torch.dtype,
-         verbose: bool) -> tuple[Transformer, History]:
-    """Train from the parent's weights (loaded or trained first) or a seeded random init; resume if
-    possible."""
+def _start(recipe: Recipe, device: torch.device, dtype: torch.dtype, verbose: bool) -> Transformer:
+    """The model a recipe trains from: its parent's weights (loaded, or trained first) or a seeded
+    random init."""
     if recipe.parent is None:
-        model = Transformer(recipe.model, seed=recipe.seed).to(device)
-    else:
-        model = load_recipe(recipe.parent, device, dtype, verbose=verbose).model
-    return model, recipe.stage.fit(recipe, model, device, dtype, checkpoints)
+        return Transformer(recipe.model, seed=recipe.seed).to(device)
+    return load_recipe(recipe.parent, device, dtype, verbose=verbose).model
+
+
+def _run(recipe: Recipe, checkpoints: str, device: torch.device, dtype: torch.dtype,
+         verbose: bool) -> tuple[Transformer, History, float]:
+    """Train from the starting model, resuming if possible; the seconds count this stage's training
+    alone, not its parent's (which another process may be training while this one waits)."""
+    model = _start(recipe, device, dtype, verbose)
+    start = time.perf_counter()
+    hist = recipe.stage.fit(recipe, model, device, dtype, checkpoints)
+    return model, hist, time.perf_counter() - start
 
 
 def _train(recipe: Recipe, path: str, device: torch.device, platform: Platform,
@@ -294,9 +301,8 @@ def _train(recipe: Recipe, path: str, device: torch.device, platform: Platform,
     dtype = getattr(torch, platform.dtype.removeprefix("torch."))
     checkpoints = os.path.join(path, "checkpoints")
     resumed = latest_checkpoint(checkpoints)
-    start = time.perf_counter()
     try:
-        model, hist = _run(recipe, checkpoints, device, dtype, verbose)
+        model, hist, seconds = _run(recipe, checkpoints, device, dtype, verbose)
     except CheckpointError as e:  # a corrupt checkpoint: report it, start over
         distributed.barrier()  # every rank has failed to read it before it goes
         if distributed.is_main():
@@ -304,8 +310,7 @@ def _train(recipe: Recipe, path: str, device: torch.device, platform: Platform,
             shutil.rmtree(checkpoints)
         distributed.barrier()
         resumed = None
-        model, hist = _run(recipe, checkpoints, device, dtype, verbose)
-    seconds = time.perf_counter() - start
+        model, hist, seconds = _run(recipe, checkpoints, device, dtype, verbose)
     if distributed.is_main():  # under torchrun every rank holds the same model; one writes it
         _write(recipe, path, model, hist, seconds, device, platform, resumed)
     distributed.barrier()

@@ -163,7 +163,7 @@ def as_before(name: str, scale: str) -> recipes.Recipe:
         assert isinstance(how.stage(plan), recipes.Pretraining)
         rows = pretraining.pretraining_rows(plan.world, shape.seq_len, how.seed)
         steps = rows.input_ids.shape[0] // shape.batch_size
-    train = TrainConfig(steps=steps, lr=how.lr[scale],
+    train = TrainConfig(steps=steps, lr=plan.lr.get(stage, how.lr[scale]),
                         warmup_steps=min(100, steps // how.warmup_divisor), weight_decay=0.0,
                         log_every=50, checkpoint_every=max(1, min(200, steps // 4)))
     parent = None if parent is None else as_before(f"{task}-{parent}", scale)
@@ -174,7 +174,7 @@ def as_before(name: str, scale: str) -> recipes.Recipe:
 def test_every_registry_recipe_is_what_it_was_before_its_steps_were_deferred():
     for name in recipes.NAMES:
         got, before = recipes.get(name, "smoke"), as_before(name, "smoke")
-        assert recipe_cache._canonical(got) == recipe_cache._canonical(before), name
+        assert cache_key._canonical(got) == cache_key._canonical(before), name
         assert got == before and recipes.key(got) == recipes.key(before), name
 
 
@@ -775,3 +775,29 @@ def test_chapter_12s_recipes_share_arithmetics_model_sums_and_steps(scale, fresh
     assert icl.train.steps == {"smoke": 150, "full": 2000}[scale] and icl.parent.name == "in_context-pretrain"
     for name in ("in_context-rlvr", "arithmetic_cot-dpo", "arithmetic-rlhf-agreeable", "kb_walk-rlhf-agreeable"):
         assert name not in recipes.NAMES  # only the stages the chapter compares
+
+
+def test_a_recipes_seconds_count_its_own_training_not_its_parents(cache, monkeypatch):
+    """A recipe whose parent is trained first (or by another process, while this one waits) records
+    the seconds of its own stage: a clock that jumps 1,000 s while the parent is made never enters."""
+    import types
+
+    clock = types.SimpleNamespace(now=0.0)
+    real_start = recipe_cache._start
+
+    def slow_parent(recipe, *args, **kw):
+        model = real_start(recipe, *args, **kw)
+        clock.now += 1000.0  # the parent's training, or the wait for it
+        return model
+
+    def fit(self, recipe, model, device, dtype, checkpoints):
+        clock.now += 5.0  # this stage's own training
+        return real_fit(self, recipe, model, device, dtype, checkpoints)
+
+    r = tiny_sft(steps=4)
+    real_fit = type(r.stage).fit
+    monkeypatch.setattr(recipe_cache, "time", types.SimpleNamespace(perf_counter=lambda: clock.now))
+    monkeypatch.setattr(recipe_cache, "_start", slow_parent)
+    monkeypatch.setattr(type(r.stage), "fit", fit)
+    trained = recipes.load_recipe(r, "cpu")
+    assert trained.seconds == 5.0
