@@ -26,9 +26,9 @@ for BM25 and RRF; this module is what the experiments call many times.
   measures.
 - **Fusion** (:class:`FusedRetriever`): reciprocal rank fusion (Cormack et al. 2009, k = 60) of each
   retriever's top ``depth`` — 001's "hybrid search (dense + sparse)".
-- **recall@k** (:func:`recall_at_k`): the share of a query's relevant passages in its top k, averaged over
-  the queries that have at least one; a query with none (an unanswerable chain's first pair) has no recall
-  and is left out of the mean.
+- **recall@k** (:func:`recall_at_k`): the share of a query's relevant passages in its top k,
+  averaged over the queries that have at least one; a query with none (an unanswerable chain's
+  first pair) has no recall and is left out of the mean.
 - **Passage sets of an experiment**: a perfect retriever's (:func:`oracle_passages`), the same
   among distractors (:func:`with_distractors`), and with the first fact's answer swapped
   (:func:`swap_first_fact`).

@@ -35,7 +35,8 @@ UNITS = ("nats", "bits")
 
 
 def sum_tolerance(dtype: torch.dtype) -> float:
-    """How far from 1 a row of ``dtype`` probabilities may sum: 1e3 machine epsilons, in [1e-6, 1e-2]."""
+    """How far from 1 a row of ``dtype`` probabilities may sum: 1e3 machine epsilons, in
+    [1e-6, 1e-2]."""
     return min(1e-2, max(1e-6, 1e3 * torch.finfo(dtype).eps))
 
 
@@ -68,7 +69,9 @@ def _check_probabilities(name: str, t: torch.Tensor) -> None:
     if not t.is_floating_point():
         raise TypeError(f"{name} must be a floating-point tensor of probabilities, got {t.dtype}")
     if t.numel() and not bool(torch.isfinite(t).all()):
-        raise ValueError(f"{name} has non-finite entries (NaN or inf); probabilities must be finite")
+        raise ValueError(
+            f"{name} has non-finite entries (NaN or inf); probabilities must be finite"
+        )
     if t.numel() and bool((t < 0).any()):
         raise ValueError(f"{name} has negative entries (smallest {t.min().item():.3g}); "
                          "probabilities must be in [0, 1]")
@@ -88,7 +91,8 @@ def check_distribution(probs: torch.Tensor, dim: int = -1, name: str = "probs") 
         raise ValueError(f"{name} has no outcomes along dim {dim} (size 0)")
     total = _work_dtype(probs).sum(dim=dim)
     tol = sum_tolerance(probs.dtype)
-    worst = (total - 1).abs().max().item() if total.numel() else 0.0  # an empty batch has no bad row
+    # an empty batch has no bad row
+    worst = (total - 1).abs().max().item() if total.numel() else 0.0
     if worst > tol:
         raise ValueError(f"{name} must sum to 1 along dim {dim} (tolerance {tol:.1e} for "
                          f"{probs.dtype}); the worst row is off by {worst:.3g}")
@@ -98,7 +102,9 @@ def _check_pair(p: torch.Tensor, q: torch.Tensor, dim: int) -> None:
     check_distribution(p, dim, "p")
     check_distribution(q, dim, "q")
     if p.shape != q.shape:
-        raise ValueError(f"p and q must have the same shape, got {tuple(p.shape)} and {tuple(q.shape)}")
+        raise ValueError(
+            f"p and q must have the same shape, got {tuple(p.shape)} and {tuple(q.shape)}"
+        )
 
 
 def _xlogy(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -127,7 +133,9 @@ def entropy(probs: torch.Tensor, dim: int = -1, unit: str = "nats") -> torch.Ten
     return -_xlogy(p, p).sum(dim=dim) / base
 
 
-def cross_entropy(p: torch.Tensor, q: torch.Tensor, dim: int = -1, unit: str = "nats") -> torch.Tensor:
+def cross_entropy(
+    p: torch.Tensor, q: torch.Tensor, dim: int = -1, unit: str = "nats"
+) -> torch.Tensor:
     """Cross-entropy H(p, q) = -Σ p log q along ``dim`` (004 §2.1.2).
 
     ``+inf`` where q is 0 on an outcome p gives mass to.
@@ -150,7 +158,9 @@ def cross_entropy(p: torch.Tensor, q: torch.Tensor, dim: int = -1, unit: str = "
     return -_xlogy(pw, qw).sum(dim=dim) / base
 
 
-def kl_divergence(p: torch.Tensor, q: torch.Tensor, dim: int = -1, unit: str = "nats") -> torch.Tensor:
+def kl_divergence(
+    p: torch.Tensor, q: torch.Tensor, dim: int = -1, unit: str = "nats"
+) -> torch.Tensor:
     """Kullback–Leibler divergence KL(p ‖ q) = Σ p log(p / q) along ``dim``; ≥ 0, 0 iff p = q.
 
     ``+inf`` where q is 0 on an outcome p gives mass to.
@@ -202,7 +212,8 @@ def sample_total_variation(a: Sequence[Hashable], b: Sequence[Hashable]) -> floa
 
 
 def perplexity(probs: torch.Tensor, dim: int = -1) -> torch.Tensor:
-    """Perplexity of a distribution, exp(H in nats) = 2 ** (H in bits): its effective number of outcomes.
+    """Perplexity of a distribution, exp(H in nats) = 2 ** (H in bits): its effective number of
+    outcomes.
 
     A uniform distribution over k outcomes has perplexity exactly k (002 "Perplexity": "choosing
     among 10 options"); any other distribution over k outcomes has less.
@@ -222,7 +233,8 @@ def perplexity(probs: torch.Tensor, dim: int = -1) -> torch.Tensor:
 
 def sequence_perplexity(token_log_probs: torch.Tensor, mask: torch.Tensor | None = None,
                         dim: int | None = None) -> torch.Tensor:
-    """Perplexity of a model on observed tokens: exp(-mean log q(x_i | x_<i)) (002, 004 eq. 2.2–2.6).
+    """Perplexity of a model on observed tokens: exp(-mean log q(x_i | x_<i)) (002, 004 eq.
+    2.2–2.6).
 
     Args:
         token_log_probs: (..., T) natural-log probabilities the model gave the observed tokens;
@@ -241,9 +253,14 @@ def sequence_perplexity(token_log_probs: torch.Tensor, mask: torch.Tensor | None
     if not isinstance(lp, torch.Tensor) or not lp.is_floating_point():
         raise TypeError("token_log_probs must be a floating-point tensor of log-probabilities")
     if bool(torch.isnan(lp).any()) or bool((lp == math.inf).any()):
-        raise ValueError("token_log_probs has NaN or +inf entries; log-probabilities are in [-inf, 0]")
+        raise ValueError(
+            "token_log_probs has NaN or +inf entries; log-probabilities are in [-inf, 0]"
+        )
     if bool((lp > 1e-6).any()):
-        raise ValueError(f"token_log_probs must be ≤ 0 (log of a probability), largest is {lp.max().item():.3g}")
+        raise ValueError(
+            "token_log_probs must be ≤ 0 (log of a probability), "
+            f"largest is {lp.max().item():.3g}"
+        )
     if mask is None:
         mask = torch.ones_like(lp, dtype=torch.bool)
     if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.shape != lp.shape:
@@ -254,13 +271,16 @@ def sequence_perplexity(token_log_probs: torch.Tensor, mask: torch.Tensor | None
     nll = torch.where(mask, -lp, torch.zeros_like(lp))  # masked positions add nothing
     count = mask.sum() if dim is None else mask.sum(dim=dim)
     if bool((count == 0).any()):
-        raise ValueError("mask leaves no token to average over (a sequence has zero counted tokens)")
+        raise ValueError(
+            "mask leaves no token to average over (a sequence has zero counted tokens)"
+        )
     total = nll.sum() if dim is None else nll.sum(dim=dim)
     return torch.exp(total / count)
 
 
 def surprisal(probs: torch.Tensor, unit: str = "nats") -> torch.Tensor:
-    """Surprisal (self-information) I = -log p of each probability, elementwise (002 "Information Theory").
+    """Surprisal (self-information) I = -log p of each probability, elementwise (002 "Information
+    Theory").
 
     ``+inf`` for p = 0. No normalisation is required: each entry is one event's probability.
 

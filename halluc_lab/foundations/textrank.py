@@ -120,7 +120,11 @@ def pagerank(weights: np.ndarray, damping: float = 0.85, tol: float = 1e-10,
     """
     w = _check_weights(weights)
     _check_damping(damping)
-    if isinstance(tol, bool) or not isinstance(tol, (int, float)) or not (np.isfinite(tol) and tol > 0):
+    if (
+        isinstance(tol, bool)
+        or not isinstance(tol, (int, float))
+        or not (np.isfinite(tol) and tol > 0)
+    ):
         raise ValueError(f"tol must be finite and > 0, got {tol!r}")
     if isinstance(max_iter, bool) or not isinstance(max_iter, (int, np.integer)) or max_iter < 1:
         raise ValueError(f"max_iter must be an integer >= 1, got {max_iter!r}")

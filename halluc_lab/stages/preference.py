@@ -306,7 +306,9 @@ def own_error_sequences(tok, examples, completions, *, take_back: bool = True,
     then differs from the control by the take-backs alone, not by where the labels sit.
     """
     if direct and not take_back:
-        raise ValueError("direct=True adds clean examples beside take-backs; take_back must be True")
+        raise ValueError(
+            "direct=True adds clean examples beside take-backs; take_back must be True"
+        )
     seqs = []
     for ex, answers in zip(examples, completions, strict=True):
         for completion in answers:
@@ -319,16 +321,18 @@ def own_error_sequences(tok, examples, completions, *, take_back: bool = True,
 
 @dataclass(frozen=True)
 class OwnErrorsSFT(_FromOwnSamples):
-    """Backspace SFT on the starting model's own errors (chapter 10, DAgger-style): ``samples`` answers per
-    prompt at τ = 1, each turned by :func:`own_error_sequences` into its prefix up to its first wrong
-    symbol, ``<bksp>`` and the gold answer from there (a right answer: the clean example), packed in
-    ``recipe.seq_len`` rows; the loss is the stage default, next-token cross-entropy on the
-    targets."""
+    """Backspace SFT on the starting model's own errors (chapter 10, DAgger-style): ``samples``
+    answers per prompt at τ = 1, each turned by :func:`own_error_sequences` into its prefix up to
+    its first wrong symbol, ``<bksp>`` and the gold answer from there (a right answer: the clean
+    example), packed in ``recipe.seq_len`` rows; the loss is the stage default, next-token
+    cross-entropy on the targets."""
 
     n_prompts: int  # prompts drawn by preference_examples (with the recipe's seed)
     samples: int = 2  # answers sampled per prompt
-    take_back: bool = True  # False: the gold answers alone, no <bksp> (the control for what the correction tells)
-    direct: bool = False  # True: each take-back also as its clean example (the gold token a direct target too)
+    # False: the gold answers alone, no <bksp> (the control for what the correction tells)
+    take_back: bool = True
+    # True: each take-back also as its clean example (the gold token a direct target too)
+    direct: bool = False
 
     def __post_init__(self):
         check_count("n_prompts", self.n_prompts, 1)
@@ -337,7 +341,9 @@ class OwnErrorsSFT(_FromOwnSamples):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if self.direct and not self.take_back:
-            raise ValueError("direct=True adds clean examples beside take-backs; take_back must be True")
+            raise ValueError(
+                "direct=True adds clean examples beside take-backs; take_back must be True"
+            )
 
     def build(self, model, tok, task, examples, recipe) -> tuple[Batch, Loss]:
         groups = sample_groups(model, tok, task, examples, self.samples, seed=recipe.seed)

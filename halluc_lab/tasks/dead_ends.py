@@ -50,7 +50,8 @@ parameter, k, and keeps the search the first step needs apart from it.
   token is a target, the wrong ones included, as in 2.2's retry data. A pre-training corpus has
   ``retry_fraction`` of its documents so; its clean control is the same config with
   ``retry_fraction=0``: the same graphs in the same order, as many tokens (``pretrain_tokens``,
-  exactly, :func:`fit_tokens`). :func:`halluc_lab.stages.sft.retry_demonstration` gives SFT the same data.
+  exactly, :func:`fit_tokens`). :func:`halluc_lab.stages.sft.retry_demonstration` gives SFT the
+  same data.
 
 Departures: Ye et al. retry at any step with a random wrong parameter; here the one decision is the
 first step, and a retry always walks the whole wrong arm (the error is only visible at its leaf).
