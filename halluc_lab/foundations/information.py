@@ -98,13 +98,16 @@ def check_distribution(probs: torch.Tensor, dim: int = -1, name: str = "probs") 
                          f"{probs.dtype}); the worst row is off by {worst:.3g}")
 
 
-def _check_pair(p: torch.Tensor, q: torch.Tensor, dim: int) -> None:
+def _pair(p: torch.Tensor, q: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two distributions of one shape, checked, in one working dtype (p's)."""
     check_distribution(p, dim, "p")
     check_distribution(q, dim, "q")
     if p.shape != q.shape:
         raise ValueError(
             f"p and q must have the same shape, got {tuple(p.shape)} and {tuple(q.shape)}"
         )
+    pw = _work_dtype(p)
+    return pw, _work_dtype(q).to(pw.dtype)
 
 
 def _xlogy(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -153,8 +156,7 @@ def cross_entropy(
         True
     """
     base = _log_base(unit)
-    _check_pair(p, q, dim)
-    pw, qw = _work_dtype(p), _work_dtype(q).to(_work_dtype(p).dtype)
+    pw, qw = _pair(p, q, dim)
     return -_xlogy(pw, qw).sum(dim=dim) / base
 
 
@@ -177,8 +179,7 @@ def kl_divergence(
         tensor(1.)
     """
     base = _log_base(unit)
-    _check_pair(p, q, dim)
-    pw, qw = _work_dtype(p), _work_dtype(q).to(_work_dtype(p).dtype)
+    pw, qw = _pair(p, q, dim)
     # Σ p log p − Σ p log q, each term with 0 · log 0 = 0; clamp the float rounding of an exact 0
     # at 0 (KL is never negative) — it moves the result by at most a few ulps.
     kl = (_xlogy(pw, pw) - _xlogy(pw, qw)).sum(dim=dim) / base
@@ -192,8 +193,8 @@ def total_variation(p: torch.Tensor, q: torch.Tensor, dim: int = -1) -> torch.Te
     >>> total_variation(torch.tensor([1.0, 0.0]), torch.tensor([0.5, 0.5]))
     tensor(0.5000)
     """
-    _check_pair(p, q, dim)
-    return 0.5 * (_work_dtype(p) - _work_dtype(q).to(_work_dtype(p).dtype)).abs().sum(dim=dim)
+    pw, qw = _pair(p, q, dim)
+    return 0.5 * (pw - qw).abs().sum(dim=dim)
 
 
 def sample_total_variation(a: Sequence[Hashable], b: Sequence[Hashable]) -> float:
