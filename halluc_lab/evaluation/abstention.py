@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 import torch
 
-from halluc_lab.evaluation.evaluate import answer_budget
+from halluc_lab.evaluation.evaluate import _eval_mode, answer_budget
 from halluc_lab.evaluation.scoring import AnswerScores, score_answers
 from halluc_lab.generation.engine import generate
 from halluc_lab.generation.sampling import GREEDY
@@ -38,14 +38,10 @@ def greedy_with_confidence(model: torch.nn.Module, tok: Tokenizer, examples: Seq
     its probability under the model: exp(Σ log π(token | context)) over the answer's tokens."""
     if not examples:
         raise ValueError("examples must hold at least one Example")
-    was_training = model.training
-    model.eval()
-    try:
+    with _eval_mode(model):
         ids = [[tok.bos_id, *tok.encode(e.prompt)] for e in examples]
         res = generate(model, ids, answer_budget(examples), sampling=GREEDY,
                        stop_tokens=(tok.eos_id,), dtype=dtype)
-    finally:
-        model.train(was_training)
     texts = [tok.decode(t) for t in res.token_lists()]
     confidence = res.logprobs.sum(dim=1).exp().tolist()  # logprobs are 0 past each row's end
     return texts, confidence
