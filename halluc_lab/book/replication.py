@@ -23,19 +23,22 @@ from halluc_lab.evaluation.stats import Interval
 GLUE_NAME = "preregistered_contrasts"  # what a chapter glues its records under
 STABLE, BOTH_UNRESOLVED, DIFFERS = "stable", "not resolved in either run", "differs"
 WORDS = {1: "higher", -1: "lower", 0: "not resolved"}
+NO_PREDICTION = "no prediction"  # pre-registered without a direction (still in the replication)
 
 
 def records(contrasts: Mapping[str, Interval], predicted: Mapping[str, str]) -> dict[str, dict]:
     """A chapter's pre-registered contrasts as JSON-able records for the glue: label -> estimate,
     interval, method, seeds, per-seed values, the verdict's side (+1 higher, −1 lower, 0 not
-    resolved) and the direction predicted before the run ("higher", "lower", "not resolved")."""
+    resolved) and the direction predicted before the run ("higher", "lower", "not resolved", or
+    :data:`NO_PREDICTION` for a contrast registered without one)."""
     missing = set(contrasts) ^ set(predicted)
     if missing:
         raise ValueError(f"every contrast needs a prediction and the reverse; unmatched: "
                          f"{sorted(missing)}")
-    bad = {k: v for k, v in predicted.items() if v not in WORDS.values()}
+    allowed = (*WORDS.values(), NO_PREDICTION)
+    bad = {k: v for k, v in predicted.items() if v not in allowed}
     if bad:
-        raise ValueError(f"predictions must be one of {sorted(WORDS.values())}, got {bad}")
+        raise ValueError(f"predictions must be one of {sorted(allowed)}, got {bad}")
     return {label: {"estimate": iv.estimate, "low": iv.low, "high": iv.high, "method": iv.method,
                     "seeds": iv.seeds, "per_seed": list(iv.per_seed or ()), "side": iv.side,
                     "predicted": predicted[label]}
@@ -90,8 +93,9 @@ def table(rows: list[Replicated], first: str, second: str) -> str:
     it is stable (``first``/``second``: the runs' names, e.g. "H200, seeds 0–7")."""
     lines = [f"| contrast | predicted | {first} | {second} | replicated |", "|---|---|---|---|---|"]
     for r in rows:
+        against = r.status == STABLE and r.first["predicted"] != NO_PREDICTION
         mark = r.status + (", as predicted" if r.as_predicted else
-                           ", against the prediction" if r.status == STABLE else "")
+                           ", against the prediction" if against else "")
         lines.append(f"| {r.label} | {r.first['predicted']} | {_cell(r.first)} | "
                      f"{_cell(r.second)} | {mark} |")
     return "\n".join(lines)

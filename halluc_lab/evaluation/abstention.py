@@ -13,7 +13,8 @@ so a calibrated model would pick t near that.
   task's own verifier (a leading ``<abstain>`` is an abstention, never a right answer).
 * :func:`best_threshold` picks t on answers the evaluation shares nothing with (the learning
   part), maximising the mean of C − λW; the evaluation then applies that t unchanged. Picking it on
-  the evaluated prompts themselves would flatter the baseline.
+  the evaluated prompts themselves would flatter the baseline. :func:`best_cut` is its sweep, on
+  rewards already known (chapter 10's fair test reads them from cached records).
 """
 
 from __future__ import annotations
@@ -70,14 +71,28 @@ def abstain_below(task: Task, prompts: Sequence[str], completions: Sequence[str]
 def best_threshold(task: Task, prompts: Sequence[str], completions: Sequence[str],
                    confidence: Sequence[float], lam: float) -> float:
     """The threshold whose :func:`abstain_below` has the highest mean C − λW on these answers (the
-    lowest such t on a tie: abstain no more than it pays). Candidates are 0 and each answer's own
-    confidence, the only places the score can change; each answer is judged twice (as said, and
-    as ``<abstain>``), then the candidates are swept in order."""
+    lowest such t on a tie: abstain no more than it pays): each answer judged twice, as said and
+    as ``<abstain>``, then :func:`best_cut`."""
     _check(prompts, completions, confidence)
     said = score_answers(task, list(prompts), list(completions)).rewards(lam)
     withheld = score_answers(task, list(prompts), [ABSTAIN] * len(prompts)).rewards(lam)
-    order = sorted(range(len(prompts)), key=lambda i: confidence[i])
-    total, best, best_t, k = sum(said), None, 0.0, 0
+    return best_cut(said, withheld, confidence)
+
+
+def best_cut(said: Sequence[float], withheld: Sequence[float],
+             confidence: Sequence[float]) -> float:
+    """The threshold t maximising Σ (withheld where confidence < t, else said): each answer's
+    reward as said and as an abstention, and its confidence. Candidates are 0 and each answer's
+    own confidence, the only places the sum can change, swept in order; the lowest on a tie.
+
+    >>> best_cut([1.0, -3.0, 1.0], [0.0, 0.0, 0.0], [0.9, 0.2, 0.5])
+    0.5
+    """
+    if not len(said) == len(withheld) == len(confidence):
+        raise ValueError(f"said, withheld and confidence must have one length, got {len(said)}, "
+                         f"{len(withheld)} and {len(confidence)}")
+    order = sorted(range(len(said)), key=lambda i: confidence[i])
+    total, best, best_t, k = float(sum(said)), None, 0.0, 0
     for t in sorted({0.0, *map(float, confidence)}):
         while k < len(order) and confidence[order[k]] < t:  # these now abstain
             total += withheld[order[k]] - said[order[k]]

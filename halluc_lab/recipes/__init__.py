@@ -49,6 +49,7 @@ from halluc_lab.training.recipe import SCALES, Deferred, Recipe, Stage, with_see
 from halluc_lab.recipes.cache import (CacheError, CacheWarning, Platform, Trained, cache_root,
                                      code_fingerprint, code_hashes, code_modules, directory, key,
                                      load_recipe, used, used_code)
+from halluc_lab.recipes.measured import measured
 from halluc_lab.recipes.registry import (NAMES, SCALE_PLANS, STAGE_PLANS, STAGES, TASK_PLANS, TASKS,
                                  _PARTS)
 from halluc_lab.stages.rlhf import PPO
@@ -61,7 +62,8 @@ __all__ = ["Recipe", "Deferred", "with_seed", "Stage", "Pretraining", "SFT", "Sc
            "DPO", "RSFT", "PPO", "OwnErrorsSFT", "RLVR", "get", "NAMES", "TASKS", "STAGES",
            "SCALES", "training_rows", "load", "load_recipe", "chains", "Trained", "CacheWarning",
            "CacheError", "Platform", "key", "directory", "cache_root", "code_modules",
-           "code_hashes", "code_fingerprint", "used", "used_code", "prefetch", "SCALE_PLANS",
+           "code_hashes", "code_fingerprint", "used", "used_code", "prefetch", "measured",
+           "SCALE_PLANS",
            "STAGE_PLANS", "TASK_PLANS"]
 
 
@@ -190,11 +192,11 @@ def chains(names: Sequence[str] | Mapping[Hashable, str], seeds: Sequence[int],
 
 # -- several chains at once ------------------------------------------------------------------------
 def _train_chains(groups: list[list[Recipe]], device: str, dtype: torch.dtype,
-                  gpu: int | None = None, threads: int | None = None) -> None:
-    """Worker: load (train if needed) each chain's recipes in order, deterministic kernels on;
-    ``gpu``: the index of the GPU that ``"cuda"`` means in this process; ``threads``: the CPU
-    threads of the process that asked (they are in a CPU recipe's key, so the worker trains the
-    model that process would)."""
+                  gpu: int | None = None, threads: int | None = None, measure=None) -> None:
+    """Worker: load (train if needed) each chain's recipes in order, deterministic kernels on, and
+    record ``measure`` of each (:func:`measured`) if given; ``gpu``: the index of the GPU that
+    ``"cuda"`` means in this process; ``threads``: the CPU threads of the process that asked (they
+    are in a CPU recipe's key, so the worker trains the model that process would)."""
     from halluc_lab.device import set_deterministic
 
     if gpu is not None:
@@ -203,12 +205,20 @@ def _train_chains(groups: list[list[Recipe]], device: str, dtype: torch.dtype,
         torch.set_num_threads(threads)
     set_deterministic(True)
     for chain in groups:
-        for recipe in chain:
-            load_recipe(recipe, device, dtype)
+        for recipe in chain:  # a recorded measure needs no model: nothing to load or train
+            if measure is None:
+                load_recipe(recipe, device, dtype)
+            else:
+                measured(recipe, measure, device, dtype)
+
+
+def _root(recipe: Recipe) -> Recipe:
+    return recipe.pretraining
 
 
 def prefetch(recipes: Sequence[Recipe], device: torch.device | str,
-             dtype: torch.dtype = torch.float32, *, processes: int | None = None) -> None:
+             dtype: torch.dtype = torch.float32, *, processes: int | None = None,
+             measure=None, group_of=_root) -> None:
     """Make sure every recipe is trained and cached, training independent chains at once.
 
     Recipes that share a pre-training root (one seed's chain) train one after another in one
@@ -218,22 +228,28 @@ def prefetch(recipes: Sequence[Recipe], device: torch.device | str,
     once (default: one per chain on CUDA, 1 elsewhere, where the work runs in this process). On a
     machine with several GPUs and ``device`` "cuda" (no index), the processes take the GPUs in
     turn: one seed's chain per GPU. Afterwards :func:`load` reads every recipe from the cache.
+
+    ``measure``: record it of every recipe asked for, in the process that trains it
+    (:func:`measured`; a picklable measure); a recipe whose record is cached is not loaded.
+    ``group_of``: what makes recipes one chain (default: their pre-training root); e.g.
+    ``lambda r: r`` once the parents are cached, to train the branches of one root, such as
+    several RL runs from one SFT model, at once.
     """
     device = torch.device(device)
-    by_root: dict[Recipe, list[Recipe]] = {}
+    by_root: dict[Hashable, list[Recipe]] = {}
     for r in recipes:
-        by_root.setdefault(r.pretraining, []).append(r)
+        by_root.setdefault(group_of(r), []).append(r)
     groups = list(by_root.values())
     n = processes if processes is not None else (len(groups) if device.type == "cuda" else 1)
     if not isinstance(n, int) or n < 1:
         raise ValueError(f"processes must be an int >= 1, got {processes!r}")
     if n == 1:
-        _train_chains(groups, str(device), dtype)
+        _train_chains(groups, str(device), dtype, measure=measure)
         return
     ctx = multiprocessing.get_context("spawn")  # CUDA cannot be used in a forked child
     gpus = torch.cuda.device_count() if device.type == "cuda" and device.index is None else 0
     threads = torch.get_num_threads() if device.type == "cpu" else None
     with ctx.Pool(min(n, len(groups))) as pool:
         pool.starmap(_train_chains, [(groups[i::n], str(device), dtype,
-                                      i % gpus if gpus > 1 else None, threads)
+                                      i % gpus if gpus > 1 else None, threads, measure)
                                      for i in range(min(n, len(groups)))])

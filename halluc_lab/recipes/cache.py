@@ -129,6 +129,13 @@ def used() -> list[tuple[str, str]]:
     return [(name, k) for name, _, k in _USED]
 
 
+def note_used(recipe: Recipe, platform: Platform) -> None:
+    """Count ``recipe`` and the recipes it started from as used (:func:`used`): a cached recipe's
+    parents were not loaded, but its weights come from them."""
+    for r in lineage(recipe):
+        _USED.setdefault((r.name, r.scale, key(r, platform)), code_hashes(r))
+
+
 def used_code() -> dict[str, str]:
     """``{module: hash}`` over the keys of every recipe :func:`used` lists: what a footer records,
     so that a later code state can name the modules that moved (:func:`moved_modules`)."""
@@ -186,9 +193,7 @@ def load_recipe(recipe: Recipe, device: torch.device | str, dtype: torch.dtype =
                          f"({type(e).__name__}: "
                          f"{e.strerror or e}); {_where()} must be a folder this process can "
                          "read and write") from e
-    # a cached recipe's parents were not loaded, but its weights come from them
-    for r in lineage(recipe):
-        _USED.setdefault((r.name, r.scale, key(r, platform)), code_hashes(r))
+    note_used(recipe, platform)
     if verbose and not trained_now and distributed.is_main():
         print(f"{recipe.name} ({recipe.scale}): loaded from the cache (trained in "
               f"{out.seconds:.0f} s)")

@@ -38,6 +38,14 @@ def test_a_verdict_is_stable_only_where_both_runs_resolve_it_the_same_way():
     assert "stable, as predicted" in text and "| differs |" in text
 
 
+def test_a_contrast_registered_without_a_direction_replicates_but_is_never_as_predicted():
+    record = replication.records({"a": UP}, {"a": replication.NO_PREDICTION})
+    rows = replication.compare(record, record)
+    assert rows[0].status == replication.STABLE and not rows[0].as_predicted
+    text = replication.table(rows, "H200", "H100")
+    assert "| a | no prediction | higher" in text and "against" not in text
+
+
 def test_records_and_runs_that_do_not_match_are_refused():
     with pytest.raises(ValueError, match="unmatched"):
         replication.records({"a": UP}, {"b": "higher"})

@@ -1,0 +1,54 @@
+"""Train and measure chapter 10's fair test (notebooks/10b_fair_test.ipynb) under some seeds.
+
+Every arm of every world (``halluc_lab.book.take_back``) is trained under each seed, its whole
+chain, and measured once; the records land in the cache (``$HALLUC_CACHE/measured``) beside the
+models, where the chapter reads them. Running the seeds of a chapter in parts, on one machine or
+one GPU model, then the chapter, gives the chapter's run without training anything twice:
+
+    python scripts/fair_test.py --scale full --seeds 0 1 2 3
+    python scripts/fair_test.py --scale full --seeds 4 5 6 7
+    papermill notebooks/10b_fair_test.ipynb out.ipynb -p scale full
+
+Prints, per world and arm, the exact match of the greedy answers over the seeds, and the time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from halluc_lab.book import take_back  # noqa: E402
+from halluc_lab.device import setup  # noqa: E402
+from halluc_lab.evaluation.fair_test import DeadEndsMeasure  # noqa: E402
+
+MEASURE = {"smoke": DeadEndsMeasure(n_eval=100, n_learn=50, samples=4),
+           "full": DeadEndsMeasure()}  # the chapter's (notebooks/10b_fair_test.ipynb)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--scale", default="full", choices=sorted(MEASURE))
+    p.add_argument("--seeds", type=int, nargs="+", required=True)
+    args = p.parse_args(argv)
+    if any(s < 0 for s in args.seeds) or len(set(args.seeds)) != len(args.seeds):
+        p.error("--seeds must be distinct ints >= 0")
+    rt = setup(scale=args.scale, seed=args.seeds[0], verbose=False)
+    start = time.perf_counter()
+    records = take_back.train_and_measure(args.seeds, rt, MEASURE[args.scale])
+    print(f"{len(records)} records, seeds {args.seeds}, {time.perf_counter() - start:.0f} s")
+    for world in take_back.WORLDS:
+        for label in take_back.arms(take_back.WORLDS[world]):
+            em = take_back.right(take_back.outcomes(records, world, label, args.seeds)).mean(1)
+            print(f"{world:6} {label:32} " + " ".join(f"{x:.2f}" for x in em)
+                  + f"  mean {np.mean(em):.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
