@@ -25,25 +25,25 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from halluc_lab.book import take_back  # noqa: E402
 from halluc_lab.device import setup  # noqa: E402
-from halluc_lab.evaluation.fair_test import DeadEndsMeasure  # noqa: E402
-
-MEASURE = {"smoke": DeadEndsMeasure(n_eval=100, n_learn=50, samples=4),
-           "full": DeadEndsMeasure()}  # the chapter's (notebooks/10b_fair_test.ipynb)
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--scale", default="full", choices=sorted(MEASURE))
+    p.add_argument("--scale", default="full", choices=sorted(take_back.MEASURE))
     p.add_argument("--seeds", type=int, nargs="+", required=True)
+    p.add_argument("--no-rl", action="store_true", help="the SFT arms alone (no RLVR run)")
     args = p.parse_args(argv)
     if any(s < 0 for s in args.seeds) or len(set(args.seeds)) != len(args.seeds):
         p.error("--seeds must be distinct ints >= 0")
     rt = setup(scale=args.scale, seed=args.seeds[0], verbose=False)
     start = time.perf_counter()
-    records = take_back.train_and_measure(args.seeds, rt, MEASURE[args.scale])
+    records = take_back.train_and_measure(args.seeds, rt, take_back.MEASURE[args.scale],
+                                          with_rl=not args.no_rl)
     print(f"{len(records)} records, seeds {args.seeds}, {time.perf_counter() - start:.0f} s")
     for world in take_back.WORLDS:
         for label in take_back.arms(take_back.WORLDS[world]):
+            if (world, label, args.seeds[0]) not in records:
+                continue
             em = take_back.right(take_back.outcomes(records, world, label, args.seeds)).mean(1)
             print(f"{world:6} {label:32} " + " ".join(f"{x:.2f}" for x in em)
                   + f"  mean {np.mean(em):.3f}")

@@ -27,8 +27,8 @@ from halluc_lab.book.notebook import read_glue  # noqa: E402
 from halluc_lab.book.replication import (DIFFERS, GLUE_NAME, STABLE, compare,  # noqa: E402
                                          table)
 
-CHAPTERS = ("08_sft", "09_preference", "10_rlvr_backtracking", "11_hallucination_rag",
-            "12_extensions")
+CHAPTERS = ("08_sft", "09_preference", "10_rlvr_backtracking", "10b_fair_test",
+            "11_hallucination_rag", "12_extensions")
 
 
 def describe(folder: Path, stems) -> str:

@@ -70,13 +70,15 @@ def declares(stem: str, name: str, notebooks: Path = NOTEBOOKS) -> bool:
 
 
 def run(stem: str, out: Path, scale: str, seed: int, at_once: int = 1, notebooks: Path = NOTEBOOKS,
-        seeds: list[int] | None = None) -> float:
+        seeds: list[int] | None = None, extra: dict | None = None) -> float:
     """Execute ``notebooks/<stem>.ipynb`` into ``out`` and record its run in the notebook's metadata (``at_once``:
     how many chapters ran at the same time, so that its time is read as what it is; ``seeds``: the training seeds
-    of the chapter's compared models, e.g. a second seed set for replication, else the chapter's default)."""
+    of the chapter's compared models, e.g. a second seed set for replication, else the chapter's default; ``extra``:
+    further parameters of the chapter, recorded with the others)."""
     target = out / f"{stem}.ipynb"
     start = time.perf_counter()
-    parameters = {"scale": scale, "seed": seed} | ({"seeds": list(seeds)} if seeds is not None else {})
+    parameters = ({"scale": scale, "seed": seed} | ({"seeds": list(seeds)} if seeds is not None else {})
+                  | (extra or {}))
     papermill.execute_notebook(str(notebooks / f"{stem}.ipynb"), str(target), parameters=parameters,
                                cwd=str(notebooks), progress_bar=False,
                                kernel_manager_class=LocalKernelManager)

@@ -26,6 +26,8 @@ from halluc_lab.evaluation.stats import Interval
 WORLDS = {"k = 1": "dead_ends_k1", "k = 2": "dead_ends_k2", "k = 4": "dead_ends_k4",
           "never": "dead_ends_never"}
 LAM = 3.0  # the chapter's penalty of a wrong answer: C − 3W
+MEASURE = {"smoke": fair_test.DeadEndsMeasure(n_eval=100, n_learn=50, samples=4),
+           "full": fair_test.DeadEndsMeasure()}  # what each scale measures of every arm
 
 
 @dataclass(frozen=True)
@@ -45,7 +47,7 @@ class Arm:
 ARMS = {"(c) clean": Arm(False, "sft-clean"),
         "(b) retry in SFT": Arm(False, "sft-retry"),
         "(a) retry in pre-training": Arm(True, "sft-retry"),
-        "(a′) = (a), <bksp> masked": Arm(True, "sft-retry", masked=True),
+        "(a′) = (a), backspace masked": Arm(True, "sft-retry", masked=True),
         "RLVR from (a)": Arm(True, "rlvr-retry"),
         "RLVR from (a), masked in RL": Arm(True, "rlvr-retry-masked", masked=True),
         "RLVR from (b)": Arm(False, "rlvr-retry"),
@@ -64,21 +66,31 @@ def _recipes(seeds: Sequence[int], scale: str) -> dict[tuple[str, int], recipes.
             for n in sorted(names) for s in seeds}
 
 
-def train_and_measure(seeds: Sequence[int], rt, measure: fair_test.DeadEndsMeasure
-                      ) -> dict[tuple[str, str, int], dict]:
+def _later(recipe: recipes.Recipe) -> bool:
+    """Two stages or more from pre-training (RLVR from an SFT model)."""
+    return recipe.parent is not None and recipe.parent.parent is not None
+
+
+def train_and_measure(seeds: Sequence[int], rt, measure: fair_test.DeadEndsMeasure, *,
+                      with_rl: bool = True) -> dict[tuple[str, str, int], dict]:
     """``{(world label, arm label, seed): record}`` for every arm of every world: trained and
     measured once (read from the cache after). On a GPU the SFT arms train one process per
-    pre-training root, then each RLVR run in its own process (their SFT models cached by then)."""
+    pre-training root, then each RLVR run in its own process (their SFT models cached by then).
+    ``with_rl=False``: the SFT arms alone."""
     if isinstance(seeds, (str, bytes)) or not list(seeds):
         raise ValueError(f"seeds must be a non-empty sequence of ints >= 0, got {seeds!r}")
-    todo = _recipes(seeds, rt.scale)
-    later = [r for r in todo.values() if r.parent is not None and r.parent.parent is not None]
-    first = [r for r in todo.values() if r not in later]  # one stage from pre-training
-    recipes.prefetch(first, rt.device, rt.dtype, measure=measure)
-    recipes.prefetch(later, rt.device, rt.dtype, measure=measure, group_of=lambda r: r)
+    todo = {k: r for k, r in _recipes(seeds, rt.scale).items() if with_rl or not _later(r)}
+    missing = [r for r in todo.values() if not recipes.cached(r, measure, rt.device, rt.dtype)]
+    later = [r for r in missing if _later(r)]
+    first = [r for r in missing if not _later(r)]  # one stage from pre-training
+    if first:
+        recipes.prefetch(first, rt.device, rt.dtype, measure=measure)
+    if later:
+        recipes.prefetch(later, rt.device, rt.dtype, measure=measure, group_of=lambda r: r)
     return {(world, label, s): recipes.measured(todo[arm.recipe(name), s], measure, rt.device,
                                                 rt.dtype)
-            for world, name in WORLDS.items() for label, arm in arms(name).items() for s in seeds}
+            for world, name in WORLDS.items() for label, arm in arms(name).items() for s in seeds
+            if (arm.recipe(name), s) in todo}
 
 
 # -- reading the records ---------------------------------------------------------------------------
@@ -152,7 +164,7 @@ def contrasts() -> list[Contrast]:
     out = []
     for world in ("k = 1", *_K):
         near = world == "k = 1"
-        out += [Contrast(1, world, "(a) retry in pre-training", "(a′) = (a), <bksp> masked",
+        out += [Contrast(1, world, "(a) retry in pre-training", "(a′) = (a), backspace masked",
                          "exact match", _NR if near else _HIGHER),
                 Contrast(2, world, "(a) retry in pre-training", _BEST, "exact match",
                          _NR if near else _HIGHER if world == "k = 2" else NO_PREDICTION),
@@ -187,3 +199,67 @@ def preregistered(records: Mapping, seeds: Sequence[int]) -> dict[Contrast, Inte
     return {c: stats.difference(arm_grid(records, c.world, c.a, seeds, c.metric),
                                 arm_grid(records, c.world, c.b, seeds, c.metric))
             for c in contrasts()}
+
+
+def mean_interval(grid) -> Interval:
+    """An arm's mean over (seeds, graphs) with the t-interval over its per-seed means (the
+    difference from an arm that scores 0 everywhere)."""
+    g = np.asarray(grid, dtype=float)
+    return stats.difference(g, np.zeros_like(g))
+
+
+def erasing(records: Mapping, world: str, label: str, seeds: Sequence[int]) -> dict[str, float]:
+    """Over seeds and graphs, for an arm's greedy answers: the share that erased, and exact match
+    among the answers that erased and among those that did not (NaN where there are none)."""
+    arm = ARMS[label]
+    erased = fair_test.grid([records[world, label, s] for s in seeds],
+                            lambda r: decoded(r, arm)["erased"]).astype(bool)
+    ok = right(outcomes(records, world, label, seeds))
+    return {"share erasing": float(erased.mean()),
+            "right when erasing": float(ok[erased].mean()) if erased.any() else float("nan"),
+            "right otherwise": float(ok[~erased].mean()) if (~erased).any() else float("nan")}
+
+
+def preregistered_run(records: Mapping, seeds: Sequence[int],
+                      trained) -> dict[Contrast, Interval]:
+    """:func:`preregistered`, less the contrasts whose arms this run did not train (``trained``:
+    the (world, arm label) pairs with records); the baselines are read from (c)'s records."""
+    baseline = {_BEST: "(c) clean", _ABSTAIN: "(c) clean"}
+    kept = [c for c in contrasts()
+            if all((c.world, baseline.get(x, x)) in trained for x in (c.a, c.b))]
+    return {c: stats.difference(arm_grid(records, c.world, c.a, seeds, c.metric),
+                                arm_grid(records, c.world, c.b, seeds, c.metric)) for c in kept}
+
+
+_MEANS = {1: "the key itself, the same weights with it masked",
+          2: "the parallel baseline at matched tokens",
+          3: "retry data in pre-training against fine-tuning alone",
+          4: "RL with the key allowed against masked",
+          5: "RL with the key where no error ever shows",
+          6: "RL with the key against abstaining below a threshold"}
+
+
+def summary(results: Mapping[Contrast, Interval]) -> str:
+    """The run's verdicts as Markdown bullets, one per pre-registered contrast: in each world the
+    side its interval falls on ("higher", "lower", or "not resolved" where it holds zero) with the
+    interval, against the prediction."""
+    from halluc_lab.book.replication import NO_PREDICTION, WORDS
+
+    lines = []
+    for number in sorted({c.number for c in results}):
+        mine = {c: iv for c, iv in results.items() if c.number == number}
+        first = next(iter(mine))
+        found = ", ".join(f"{c.world} {WORDS[iv.side]} ({iv:+.3f})" for c, iv in mine.items())
+        said = ", ".join(c.predicted for c in mine)
+        judged = [c for c in mine if c.predicted != NO_PREDICTION]
+        hits = sum(WORDS[mine[c].side] == c.predicted for c in judged)
+        how = mine[first].how
+        lines.append(f"- **{number}. {_MEANS[number]}** ({first.a} − {first.b}, {first.metric}; "
+                     f"{how}): {found}. Predicted: {said}; as predicted in {hits} of "
+                     f"{len(judged)}.")
+    missing = sorted(set(_MEANS) - {c.number for c in results})
+    if missing:
+        listed = ", ".join(map(str, missing))
+        lines.append(f"- Contrasts {listed} were not run here: their arms were not trained in this "
+                     "run.")
+    return "\n".join(lines)

@@ -49,7 +49,7 @@ from halluc_lab.training.recipe import SCALES, Deferred, Recipe, Stage, with_see
 from halluc_lab.recipes.cache import (CacheError, CacheWarning, Platform, Trained, cache_root,
                                      code_fingerprint, code_hashes, code_modules, directory, key,
                                      load_recipe, used, used_code)
-from halluc_lab.recipes.measured import measured
+from halluc_lab.recipes.measured import cached, measured
 from halluc_lab.recipes.registry import (NAMES, SCALE_PLANS, STAGE_PLANS, STAGES, TASK_PLANS, TASKS,
                                  _PARTS)
 from halluc_lab.stages.rlhf import PPO
@@ -62,7 +62,7 @@ __all__ = ["Recipe", "Deferred", "with_seed", "Stage", "Pretraining", "SFT", "Sc
            "DPO", "RSFT", "PPO", "OwnErrorsSFT", "RLVR", "get", "NAMES", "TASKS", "STAGES",
            "SCALES", "training_rows", "load", "load_recipe", "chains", "Trained", "CacheWarning",
            "CacheError", "Platform", "key", "directory", "cache_root", "code_modules",
-           "code_hashes", "code_fingerprint", "used", "used_code", "prefetch", "measured",
+           "code_hashes", "code_fingerprint", "used", "used_code", "prefetch", "measured", "cached",
            "SCALE_PLANS",
            "STAGE_PLANS", "TASK_PLANS"]
 

@@ -24,6 +24,7 @@ import hashlib
 import json
 import os
 import warnings
+from functools import lru_cache
 
 import torch
 
@@ -33,6 +34,7 @@ from halluc_lab.recipes.cache_key import EXEMPT, Platform, _canonical, key
 from halluc_lab.training.recipe import Recipe
 
 
+@lru_cache(maxsize=None)
 def measure_key(measure) -> str:
     """A hash of the measure as plain data and of its module's code (and every lab module that
     module imports)."""
@@ -48,6 +50,12 @@ def path(recipe: Recipe, measure, device: torch.device | str = "cpu",
     platform = Platform.here(device, dtype)
     return os.path.join(usable_root(), "measured", recipe.name, key(recipe, platform),
                         measure_key(measure) + ".json")
+
+
+def cached(recipe: Recipe, measure, device: torch.device | str = "cpu",
+           dtype: torch.dtype = torch.float32) -> bool:
+    """Whether a record of ``measure`` on ``recipe`` is in the cache (not yet checked whole)."""
+    return os.path.exists(path(recipe, measure, device, dtype))
 
 
 def _digest(record) -> str:
