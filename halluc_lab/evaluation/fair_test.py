@@ -45,7 +45,9 @@ class DeadEndsMeasure:
     """Measure one trained dead_ends model (a :class:`~halluc_lab.recipes.cache.Trained`): the
     record the module docstring lists. The graphs are the task's held-out split, distinct, drawn
     from ``graph_seed`` (the same graphs for every arm and seed of a world: the contrasts pair them
-    graph by graph); the learning part is ``n_learn`` further graphs, disjoint from them."""
+    graph by graph) outside the task's learning part (:meth:`Task.learning_part`, from which RL
+    draws its prompts), and the learning part is ``n_learn`` graphs inside it: they pick the
+    abstention threshold, as the pre-registration says, and nothing is evaluated on them."""
 
     n_eval: int = 1000
     n_learn: int = 500
@@ -58,12 +60,17 @@ class DeadEndsMeasure:
         check_count("graph_seed", self.graph_seed, 0)
 
     def graphs(self, task) -> tuple[list, list]:
-        """(evaluation graphs, learning part): distinct held-out examples, no prompt in both."""
-        drawn = distinct_examples(task, "heldout", self.n_eval + self.n_learn, seed=self.graph_seed)
-        if len(drawn) < self.n_eval + self.n_learn:
-            raise ValueError(f"the task holds {len(drawn)} distinct held-out graphs, fewer than "
-                             f"n_eval + n_learn = {self.n_eval + self.n_learn}")
-        return drawn[:self.n_eval], drawn[self.n_eval:]
+        """(evaluation graphs, learning part): distinct held-out examples outside and inside the
+        task's learning part, in the order drawn."""
+        drawn = distinct_examples(task, "heldout", 3 * (self.n_eval + self.n_learn),
+                                  seed=self.graph_seed)
+        evaluation = [e for e in drawn if not task.learning_part(e.prompt)][:self.n_eval]
+        learning = [e for e in drawn if task.learning_part(e.prompt)][:self.n_learn]
+        if len(evaluation) < self.n_eval or len(learning) < self.n_learn:
+            raise ValueError(f"the task's held-out split gave {len(evaluation)} graphs to evaluate "
+                             f"and {len(learning)} in the learning part, fewer than n_eval = "
+                             f"{self.n_eval} and n_learn = {self.n_learn}")
+        return evaluation, learning
 
     @torch.no_grad()
     def __call__(self, trained) -> dict:

@@ -67,7 +67,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from halluc_lab.tasks.base import (ABSTAINED, Claim, Example, check_count, check_fraction,
-                                   completion_symbols, rng_for)
+                                   completion_symbols, rng_for, split_of)
 from halluc_lab.tasks.path_star import PathStar
 from halluc_lab.model.tokenizer import ABSTAIN, BKSP
 
@@ -194,6 +194,21 @@ class DeadEnds(PathStar):
     def examples_by_length(self, split: str, n: int, seed: int) -> dict[int, list[Example]]:
         """Every answer has ``length + 1`` nodes: one group of ``n`` examples."""
         return {self.config.length + 1: self.examples(split, n, seed)}
+
+    def learning_part(self, prompt: str) -> bool:
+        """The part of the held-out split that post-training learns from, decided by the graph (its
+        edge set, centre and goal), not by the prompt's text: one graph listed in another edge order
+        lies in the same part, so no graph of the evaluated part is ever an RL prompt. Half of the
+        held-out graphs, by a hash independent of the train/held-out one.
+
+        >>> task = DeadEnds(DeadEndsConfig(reveal=1, length=2, n_nodes=5))
+        >>> one, reordered = "0 1 , 1 2 , 0 3 / 0 2 =", "0 3 , 0 1 , 1 2 / 0 2 ="
+        >>> task.learning_part(one) == task.learning_part(reordered)
+        True
+        """
+        edges, centre, goal = self.parse(prompt)
+        key = f"{sorted((int(u), int(v)) for u, v in edges)}|{centre}|{goal}"
+        return split_of(key, 0.5, salt=9) == "heldout"
 
     # -- the evidence ------------------------------------------------------------------------------
     def dead_end(self, prompt: str, completion: str | Sequence[str]) -> bool:

@@ -281,3 +281,19 @@ def test_the_masked_arm_never_samples_a_bksp_where_the_allowed_arm_does():
              for n in ("rlvr-retry", "rlvr-retry-masked")}
     assert rates["rlvr-retry-masked"] == [0.0] * len(rates["rlvr-retry-masked"])
     assert sum(rates["rlvr-retry"]) > 0  # the same start: it takes tokens back when allowed
+
+
+def test_the_learning_part_is_decided_by_the_graph_not_by_the_order_its_edges_are_listed_in():
+    # RL draws its prompts from the learning part and the fair test evaluates outside it: a graph
+    # listed in another edge order must not cross over (k = 1's small graphs did, when the part
+    # hashed the prompt's text).
+    task = DeadEnds(DeadEndsConfig(reveal=1, length=5, n_nodes=14))
+    rng, parts = random.Random(0), []
+    for ex in task.examples("heldout", 400, seed=1):
+        body, _, query = ex.prompt.partition(" / ")
+        edges = body.split(" , ")
+        rng.shuffle(edges)
+        reordered = " , ".join(edges) + " / " + query
+        assert task.learning_part(reordered) == task.learning_part(ex.prompt)
+        parts.append(task.learning_part(ex.prompt))
+    assert 0.4 < sum(parts) / len(parts) < 0.6  # about half; 400 draws: sd 0.025
