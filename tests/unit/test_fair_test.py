@@ -3,9 +3,11 @@ what the chapter reads from records (``evaluation.fair_test``), the arms and pre
 contrasts (``book.take_back``), and evaluation graphs that no training stage of any arm saw."""
 
 import dataclasses
+import math
 import json
 import os
 
+import numpy as np
 import pytest
 
 from halluc_lab import recipes
@@ -156,3 +158,47 @@ def test_no_graph_the_fair_test_evaluates_is_in_any_training_stage_of_any_arm(wo
     corpus = task.pretraining_documents(seed=0)
     seen |= {_graph(task, doc[:doc.index("=") + 1]) for doc in corpus if "=" in doc}
     assert len(seen) > 100_000 and not evaluated & seen
+
+
+def _fake_records(seeds, graphs=40, better=("(a) retry in pre-training",), rl=True):
+    """Records of every arm: the arms in ``better`` right on every graph, the others on half."""
+    rng = np.random.default_rng(0)
+    out = {}
+    for world, name in take_back.WORLDS.items():
+        for label, arm in take_back.arms(name).items():
+            if not rl and arm.stage.startswith("rlvr"):
+                continue
+            for s in seeds:
+                half = np.where(rng.random(graphs) < 0.5, 1, -1).tolist()
+                sure = [1] * graphs
+                answers = {"outcome": sure if label in better else half, "tokens": [9] * graphs,
+                           "erased": [False] * graphs, "first": [True] * graphs}
+                out[world, label, s] = {
+                    "greedy": answers, "masked": {**answers, "outcome": half},
+                    "confidence": rng.random(graphs).tolist(),
+                    "learning": {"outcome": half[:10], "confidence": rng.random(10).tolist()},
+                    "samples": {"outcome": [half] * 2, "tokens": [[7] * graphs] * 2,
+                                "check": [[True] * graphs] * 2}}
+    return out
+
+
+def test_the_summary_follows_the_numbers_and_names_the_contrasts_left_out():
+    seeds = [0, 1, 2, 3, 4]
+    records = _fake_records(seeds, rl=False)
+    trained = {(w, label) for w, label, _ in records}
+    results = take_back.preregistered_run(records, seeds, trained)
+    assert sorted({c.number for c in results}) == [1, 2, 3]  # no RL arm trained: 4-6 left out
+    said = take_back.summary(results)
+    assert "Contrasts 4, 5, 6 were not run here" in said
+    one = next(line for line in said.splitlines() if line.startswith("- **1."))
+    assert "k = 2 higher" in one and "not resolved" not in one.split("Predicted")[0]
+    # the same records with (a) no better than the rest: every verdict of contrast 1 turns
+    flat = take_back.summary(take_back.preregistered_run(
+        _fake_records(seeds, better=(), rl=False), seeds, trained))
+    one = next(line for line in flat.splitlines() if line.startswith("- **1."))
+    assert "higher" not in one.split("Predicted")[0]
+    everything = _fake_records(seeds)
+    full = take_back.preregistered_run(everything, seeds, {(w, a) for w, a, _ in everything})
+    assert len(full) == len(take_back.contrasts())
+    e = take_back.erasing(records, "k = 2", "(a) retry in pre-training", seeds)
+    assert e["share erasing"] == 0.0 and math.isnan(e["right when erasing"])
