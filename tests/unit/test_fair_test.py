@@ -202,3 +202,17 @@ def test_the_summary_follows_the_numbers_and_names_the_contrasts_left_out():
     assert len(full) == len(take_back.contrasts())
     e = take_back.erasing(records, "k = 2", "(a) retry in pre-training", seeds)
     assert e["share erasing"] == 0.0 and math.isnan(e["right when erasing"])
+
+
+def test_the_script_refuses_seed_lists_it_cannot_run(capsys):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / "fair_test.py"
+    spec = importlib.util.spec_from_file_location("fair_test_script", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    for seeds in (["1", "1"], ["-1"]):
+        with pytest.raises(SystemExit):
+            script.main(["--scale", "smoke", "--seeds", *seeds])
+        assert "--seeds must be distinct ints >= 0" in capsys.readouterr().err
