@@ -9,7 +9,7 @@ chain, and measures each model once
 (:class:`~halluc_lab.evaluation.fair_test.DeadEndsMeasure`, cached by
 :func:`~halluc_lab.recipes.measured`): the SFT arms first, one process per pre-training root,
 then every RLVR run in a process of its own, since several start from one SFT model.
-:func:`preregistered` computes the chapter's pre-registered contrasts from the records.
+:func:`preregistered_run` computes the chapter's pre-registered contrasts from the records.
 """
 
 from __future__ import annotations
@@ -194,13 +194,6 @@ def arm_grid(records: Mapping, world: str, label: str, seeds: Sequence[int], met
     raise ValueError(f"metric must be 'exact match' or 'C − 3W', got {metric!r}")
 
 
-def preregistered(records: Mapping, seeds: Sequence[int]) -> dict[Contrast, Interval]:
-    """Every pre-registered contrast: the t-interval over the seeds' paired differences."""
-    return {c: stats.difference(arm_grid(records, c.world, c.a, seeds, c.metric),
-                                arm_grid(records, c.world, c.b, seeds, c.metric))
-            for c in contrasts()}
-
-
 def mean_interval(grid) -> Interval:
     """An arm's mean over (seeds, graphs) with the t-interval over its per-seed means (the
     difference from an arm that scores 0 everywhere)."""
@@ -222,8 +215,9 @@ def erasing(records: Mapping, world: str, label: str, seeds: Sequence[int]) -> d
 
 def preregistered_run(records: Mapping, seeds: Sequence[int],
                       trained) -> dict[Contrast, Interval]:
-    """:func:`preregistered`, less the contrasts whose arms this run did not train (``trained``:
-    the (world, arm label) pairs with records); the baselines are read from (c)'s records."""
+    """Every pre-registered contrast whose arms this run trained (``trained``: the (world, arm
+    label) pairs with records; the baselines are read from (c)'s records): the t-interval over the
+    seeds' paired differences."""
     baseline = {_BEST: "(c) clean", _ABSTAIN: "(c) clean"}
     kept = [c for c in contrasts()
             if all((c.world, baseline.get(x, x)) in trained for x in (c.a, c.b))]

@@ -59,7 +59,11 @@ def cached(recipe: Recipe, measure, device: torch.device | str = "cpu",
 
 
 def _digest(record) -> str:
-    return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()
+    return _sha(json.dumps(record, sort_keys=True))
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def _read(where: str):
@@ -88,12 +92,12 @@ def measured(recipe: Recipe, measure, device: torch.device | str,
     where = path(recipe, measure, device, dtype)
     record = _read(where)
     if record is None:
-        record = measure(load_recipe(recipe, device, dtype))
-        entry = {"sha256": _digest(record), "record": record, "measure": _canonical(measure)}
+        text = json.dumps(measure(load_recipe(recipe, device, dtype)), sort_keys=True)
+        record = json.loads(text)  # JSON's types (lists, not tuples), as every later read returns
+        entry = {"sha256": _sha(text), "record": record, "measure": _canonical(measure)}
         os.makedirs(os.path.dirname(where), exist_ok=True)
         with open(where + ".tmp", "w", encoding="utf-8") as f:
             json.dump(entry, f, sort_keys=True)
         os.replace(where + ".tmp", where)  # the record is whole
-        record = entry["record"]  # as every later read returns it: JSON's types
     note_used(recipe, Platform.here(device, dtype))
     return record
