@@ -39,11 +39,13 @@ def _places(n: int, noun: str) -> str:
 
 
 # -- RL with a backspace token -----------------------------------------------------------------
-def against_best(arm: str, best: str, d: Interval, masked: Interval, ratio: float) -> str:
+def against_best(arm: str, best: str, d: Interval, masked: Interval, ratio: float, *,
+                 exploratory: bool = False) -> str:
     """An arm with `<bksp>` against the best arm without it (``d``: its hallucination rate minus
     the best's), the ratio of their rates, and what masking its `<bksp>` does (``masked``: the same
     weights with minus without). Where the arm is lower, the clause says whether its take-backs
-    account for part of the gain.
+    account for part of the gain. ``exploratory``: the contrast was not pre-registered (the
+    verdict begins "(exploratory)").
 
     >>> iv = Interval(0.17, 0.14, 0.20)
     >>> against_best("RLVR + bksp", "RSFT", iv, Interval(-0.08, -0.2, 0.01), 9.2).split(": ")[1]
@@ -51,7 +53,8 @@ def against_best(arm: str, best: str, d: Interval, masked: Interval, ratio: floa
     """
     if not ratio >= 0:
         raise ValueError(f"ratio must be a number >= 0 (a ratio of two rates), got {ratio!r}")
-    head = f"{said(d, arm, best, RATE)}: a rate {ratio:.2f} times the best arm's"
+    verdict = said(d, arm, best, RATE, exploratory=exploratory)
+    head = f"{verdict}: a rate {ratio:.2f} times the best arm's"
     if d.high >= 0:
         return f"{head} (its `<bksp>` minus masked: {masked:+.3f})"
     if masked.high < 0:
@@ -64,11 +67,13 @@ def against_best(arm: str, best: str, d: Interval, masked: Interval, ratio: floa
 
 
 def take_back_summary(task: str, where: str, wrong: Callable[[str, str], Interval],
-                      erasing: Mapping[str, float], best: str, against: Sequence[str]) -> str:
+                      erasing: Mapping[str, float], best: str, against: Sequence[str], *,
+                      exploratory: bool = False) -> str:
     """One task's paragraph of the summary. ``wrong(a, b)``: arm ``a`` minus arm ``b`` in
     hallucination rate, both answering greedily; ``erasing``: the share of greedy answers that
     erased, of "RLVR + bksp" and "RLVR + own errors"; ``best``: the best arm without `<bksp>`;
-    ``against``: :func:`against_best` of each RLVR arm with `<bksp>`."""
+    ``against``: :func:`against_best` of each RLVR arm with `<bksp>`. ``exploratory``: none of
+    these contrasts was pre-registered (each verdict begins "(exploratory)")."""
     if len(against) != 2:
         raise ValueError(f"against must hold the two RLVR arms' clauses, got {len(against)}")
     for arm in ("RLVR + bksp", "RLVR + own errors"):
@@ -76,7 +81,7 @@ def take_back_summary(task: str, where: str, wrong: Callable[[str, str], Interva
             raise ValueError(f"erasing[{arm!r}] must be a share in [0, 1], got {erasing[arm]!r}")
 
     def v(a: str, b: str) -> str:
-        return said(wrong(a, b), a, b, RATE)
+        return said(wrong(a, b), a, b, RATE, exploratory=exploratory)
 
     starts = "; ".join(v(f"{m} + {s}", m) for m in ("RSFT", "DPO") for s in ("bksp", "own errors"))
     controls = "; ".join(v(f"{m} + own errors", f"{m} + corrections") for m in ("RSFT", "DPO"))

@@ -71,6 +71,20 @@ def test_take_back_summary_states_each_contrast_as_its_interval_says():
     assert "(RSFT greedy, chosen after the fact), FIRST; and SECOND." in lower
 
 
+def test_take_back_summary_marks_every_verdict_exploratory_when_asked():
+    planted = {p: LOWER for p in _pairs()}
+    erasing = {"RLVR + bksp": 0.2, "RLVR + own errors": 0.0}
+    text = summaries.take_back_summary("kb_walk", "the hard split", lambda a, b: planted[(a, b)],
+                                       erasing, "RSFT greedy", ["FIRST", "SECOND"],
+                                       exploratory=True)
+    for a, b in _pairs():
+        assert f"(exploratory) {a} is lower than {b} in hallucination rate" in text
+    assert "(exploratory)" not in _take_back(planted)
+    clause = summaries.against_best("RLVR + bksp", "RSFT", LOWER, OPEN, 0.4, exploratory=True)
+    assert clause.startswith("(exploratory) RLVR + bksp is lower than RSFT")
+    assert not summaries.against_best("RLVR + bksp", "RSFT", LOWER, OPEN, 0.4).startswith("(")
+
+
 def test_take_back_summary_refuses_shares_outside_0_1_and_a_wrong_number_of_clauses():
     with pytest.raises(ValueError, match="erasing"):
         summaries.take_back_summary(
