@@ -7,6 +7,7 @@ committed, and this sets every pre-registered verdict of the two runs side by si
 
     python scripts/replication.py _build/runs/h200 _build/runs/h100            # two GPU models
     python scripts/replication.py _build/runs/seeds0 _build/runs/seeds8           # two seed sets
+    python scripts/replication.py RUN1 RUN2 --only 10b_fair_test     # the chapters run twice so far
 
 A verdict is stable where both runs resolve it the same way; the page says which cards and which
 seeds each run used, as the runs recorded them.
@@ -43,8 +44,19 @@ def describe(folder: Path, stems) -> str:
     return f"{' / '.join(sorted(devices))}; {' / '.join(sorted(seeds))}"
 
 
+def title(nb, stem: str) -> str:
+    """The chapter's title (its first level-1 heading) and its file."""
+    heads = [line[2:].strip() for c in nb.cells if c.cell_type == "markdown"
+             for line in c.source.splitlines() if line.startswith("# ")]
+    return f"{heads[0]} (`{stem}`)" if heads else f"`{stem}`"
+
+
 def page(first: Path, second: Path, stems=CHAPTERS) -> str:
-    """The replication page's Markdown."""
+    """The replication page's Markdown, over the chapters ``stems`` (the others are named as not
+    yet run twice)."""
+    unknown = [s for s in stems if s not in CHAPTERS]
+    if unknown or not stems:
+        raise SystemExit(f"chapters must be some of {CHAPTERS}, got {list(stems)}")
     missing = [f"{d}/{s}.ipynb" for d in (first, second) for s in stems
                if not (d / f"{s}.ipynb").exists()]
     if missing:
@@ -52,8 +64,8 @@ def page(first: Path, second: Path, stems=CHAPTERS) -> str:
     a_name, b_name = describe(first, stems), describe(second, stems)
     parts, counts = [], {STABLE: 0, DIFFERS: 0, "all": 0}
     for stem in stems:
-        glued = [read_glue(nbformat.read(d / f"{stem}.ipynb", as_version=4))
-                 for d in (first, second)]
+        runs = [nbformat.read(d / f"{stem}.ipynb", as_version=4) for d in (first, second)]
+        glued = [read_glue(nb) for nb in runs]
         absent = [str(d) for d, g in zip((first, second), glued) if GLUE_NAME not in g]
         if absent:
             raise SystemExit(f"{stem}: no glued {GLUE_NAME} in the runs in {absent}")
@@ -61,7 +73,8 @@ def page(first: Path, second: Path, stems=CHAPTERS) -> str:
         counts["all"] += len(rows)
         for r in rows:
             counts[r.status] = counts.get(r.status, 0) + 1
-        parts += [f"## {stem}", "", table(rows, "first run", "second run"), ""]
+        parts += [f"## {title(runs[0], stem)}", "", table(rows, "first run", "second run"), ""]
+    pending = [s for s in CHAPTERS if s not in stems]
     head = [
         "# Replication: the pre-registered verdicts of chapters 8–12 in two full runs", "",
         "Same seed, same code and the same GPU model give the same bits: that is reproducibility. "
@@ -73,7 +86,9 @@ def page(first: Path, second: Path, stems=CHAPTERS) -> str:
         f"- **second run**: {b_name}", "",
         f"Of {counts['all']} pre-registered verdicts, {counts[STABLE]} are stable and "
         f"{counts[DIFFERS]} differ between the runs; the rest are not resolved in either run.", "",
-    ]
+    ] + ([f"Not yet run twice in this code state, so not on this page: "
+          f"{', '.join(f'`{s}`' for s in pending)}. Until they are, no verdict of theirs is "
+          "called stable.", ""] if pending else [])
     return "\n".join(head + parts)
 
 
@@ -82,9 +97,11 @@ def main() -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("first", type=Path, help="the run whose outputs are committed")
     parser.add_argument("second", type=Path, help="the other run")
+    parser.add_argument("--only", nargs="+", default=list(CHAPTERS), metavar="STEM",
+                        choices=CHAPTERS, help="these chapters alone (default: all of them)")
     parser.add_argument("--out", type=Path, default=ROOT / "book" / "results" / "replication.md")
     args = parser.parse_args()
-    args.out.write_text(page(args.first, args.second))
+    args.out.write_text(page(args.first, args.second, tuple(args.only)))
     print(f"wrote {args.out}")
 
 

@@ -80,5 +80,8 @@ def test_the_page_sets_two_glued_runs_side_by_side_and_counts_from_the_numbers(t
     text = page_script.page(tmp_path / "a", tmp_path / "b", stems=("08_sft",))
     assert "seeds 0, 1, 2, 3, 4, 5, 6, 7" in text and "seeds 8, 9" in text
     assert "Of 2 pre-registered verdicts, 1 are stable and 1 differ" in text
+    assert "Not yet run twice" in text and "`09_preference`" in text and "`08_sft`," not in text
+    with pytest.raises(SystemExit, match="must be some of"):
+        page_script.page(tmp_path / "a", tmp_path / "b", stems=("08_sfts",))
     with pytest.raises(SystemExit, match="missing runs"):
         page_script.page(tmp_path / "a", tmp_path / "b", stems=("09_preference",))
