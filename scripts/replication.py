@@ -32,14 +32,25 @@ CHAPTERS = ("08_sft", "09_preference", "10_rlvr_backtracking", "10b_fair_test",
             "11_hallucination_rag", "12_extensions")
 
 
+def seeds_used(nb) -> list[int] | None:
+    """The training seeds a run used: the ``seeds`` it was given, else the one seed list it glued
+    (a ``*_seeds`` value), else None."""
+    chosen = nb.metadata.get("halluc_lab", {}).get("parameters", {}).get("seeds")
+    if chosen is not None:
+        return list(chosen)
+    glued = {tuple(v) for k, v in read_glue(nb).items() if k.endswith("_seeds")
+             and isinstance(v, list) and v and all(isinstance(x, int) for x in v)}
+    return list(glued.pop()) if len(glued) == 1 else None
+
+
 def describe(folder: Path, stems) -> str:
     """The run's device(s) and seeds, as its notebooks recorded them."""
     devices, seeds = set(), set()
     for stem in stems:
-        meta = nbformat.read(folder / f"{stem}.ipynb", as_version=4).metadata.get("halluc_lab", {})
-        devices.add(str(meta.get("device", "?")))
-        chosen = meta.get("parameters", {}).get("seeds")
-        seeds.add("the chapters' default seeds" if chosen is None else
+        nb = nbformat.read(folder / f"{stem}.ipynb", as_version=4)
+        devices.add(str(nb.metadata.get("halluc_lab", {}).get("device", "?")))
+        chosen = seeds_used(nb)
+        seeds.add("the chapter's default seeds" if chosen is None else
                   "seeds " + ", ".join(map(str, chosen)))
     return f"{' / '.join(sorted(devices))}; {' / '.join(sorted(seeds))}"
 

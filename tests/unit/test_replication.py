@@ -59,18 +59,20 @@ def test_records_and_runs_that_do_not_match_are_refused():
         replication.compare(one, other)
 
 
-def _run(folder: Path, stem: str, contrasts: dict, device: str, seeds):
-    """A notebook as reproduce.py leaves it: the records glued, the run in the metadata."""
+def _run(folder: Path, stem: str, contrasts: dict, device: str, seeds, glued_seeds=None):
+    """A notebook as reproduce.py leaves it: the records glued, the run in the metadata (a run
+    given no ``seeds`` records none; ``glued_seeds``: a seed list the chapter glued itself)."""
     folder.mkdir(exist_ok=True)
     record = replication.records(contrasts, {k: PREDICTED[k] for k in contrasts})
     nb = nbformat.v4.new_notebook()
     cell = nbformat.v4.new_code_cell("", execution_count=1)
+    glued = {replication.GLUE_NAME: record} | ({"x_seeds": glued_seeds} if glued_seeds else {})
     cell.outputs = [nbformat.v4.new_output(
-        "display_data", data={"text/plain": repr(record)},
-        metadata={"scrapbook": {"name": replication.GLUE_NAME, "mime_prefix": ""}})]
+        "display_data", data={"text/plain": repr(value)},
+        metadata={"scrapbook": {"name": name, "mime_prefix": ""}}) for name, value in glued.items()]
     nb.cells = [cell]
-    nb.metadata["halluc_lab"] = {"device": device, "parameters": {"scale": "full", "seed": 0,
-                                                                 "seeds": seeds}}
+    parameters = {"scale": "full", "seed": 0} | ({"seeds": seeds} if seeds is not None else {})
+    nb.metadata["halluc_lab"] = {"device": device, "parameters": parameters}
     nbformat.write(nb, folder / f"{stem}.ipynb")
 
 
@@ -85,3 +87,11 @@ def test_the_page_sets_two_glued_runs_side_by_side_and_counts_from_the_numbers(t
         page_script.page(tmp_path / "a", tmp_path / "b", stems=("08_sfts",))
     with pytest.raises(SystemExit, match="missing runs"):
         page_script.page(tmp_path / "a", tmp_path / "b", stems=("09_preference",))
+
+
+def test_a_run_on_its_default_seeds_is_described_by_the_seeds_it_glued(tmp_path):
+    _run(tmp_path / "a", "08_sft", {"a": UP}, "cuda (NVIDIA H200)", None, glued_seeds=[0, 1, 2])
+    _run(tmp_path / "b", "08_sft", {"a": UP}, "cuda (NVIDIA H100)", None)
+    assert page_script.describe(tmp_path / "a", ("08_sft",)) == "cuda (NVIDIA H200); seeds 0, 1, 2"
+    assert page_script.describe(tmp_path / "b", ("08_sft",)) == (
+        "cuda (NVIDIA H100); the chapter's default seeds")
