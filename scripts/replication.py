@@ -32,27 +32,33 @@ CHAPTERS = ("08_sft", "09_preference", "10_rlvr_backtracking", "10b_fair_test",
             "11_hallucination_rag", "12_extensions")
 
 
-def seeds_used(nb) -> list[int] | None:
+def seeds_used(nb, glued: dict) -> list[int] | None:
     """The training seeds a run used: the ``seeds`` it was given, else the one seed list it glued
-    (a ``*_seeds`` value), else None."""
+    (a ``*_seeds`` value of ``glued``, its :func:`read_glue`), else None."""
     chosen = nb.metadata.get("halluc_lab", {}).get("parameters", {}).get("seeds")
     if chosen is not None:
         return list(chosen)
-    glued = {tuple(v) for k, v in read_glue(nb).items() if k.endswith("_seeds")
+    lists = {tuple(v) for k, v in glued.items() if k.endswith("_seeds")
              and isinstance(v, list) and v and all(isinstance(x, int) for x in v)}
-    return list(glued.pop()) if len(glued) == 1 else None
+    return list(lists.pop()) if len(lists) == 1 else None
 
 
-def describe(folder: Path, stems) -> str:
-    """The run's device(s) and seeds, as its notebooks recorded them."""
+def describe(run) -> str:
+    """The run's device(s) and seeds, as its notebooks recorded them (``run``: a (notebook, its
+    glue) pair per chapter)."""
     devices, seeds = set(), set()
-    for stem in stems:
-        nb = nbformat.read(folder / f"{stem}.ipynb", as_version=4)
+    for nb, glued in run:
         devices.add(str(nb.metadata.get("halluc_lab", {}).get("device", "?")))
-        chosen = seeds_used(nb)
+        chosen = seeds_used(nb, glued)
         seeds.add("the chapter's default seeds" if chosen is None else
                   "seeds " + ", ".join(map(str, chosen)))
     return f"{' / '.join(sorted(devices))}; {' / '.join(sorted(seeds))}"
+
+
+def read_run(folder: Path, stems) -> list[tuple]:
+    """Each chapter's executed notebook in ``folder`` and its glue, read once."""
+    return [(nb, read_glue(nb)) for nb in
+            (nbformat.read(folder / f"{stem}.ipynb", as_version=4) for stem in stems)]
 
 
 def title(nb, stem: str) -> str:
@@ -72,11 +78,11 @@ def page(first: Path, second: Path, stems=CHAPTERS) -> str:
                if not (d / f"{s}.ipynb").exists()]
     if missing:
         raise SystemExit(f"missing runs: {missing}")
-    a_name, b_name = describe(first, stems), describe(second, stems)
+    runs = [read_run(d, stems) for d in (first, second)]
+    a_name, b_name = describe(runs[0]), describe(runs[1])
     parts, counts = [], {STABLE: 0, DIFFERS: 0, "all": 0}
-    for stem in stems:
-        runs = [nbformat.read(d / f"{stem}.ipynb", as_version=4) for d in (first, second)]
-        glued = [read_glue(nb) for nb in runs]
+    for i, stem in enumerate(stems):
+        glued = [run[i][1] for run in runs]
         absent = [str(d) for d, g in zip((first, second), glued) if GLUE_NAME not in g]
         if absent:
             raise SystemExit(f"{stem}: no glued {GLUE_NAME} in the runs in {absent}")
@@ -84,7 +90,8 @@ def page(first: Path, second: Path, stems=CHAPTERS) -> str:
         counts["all"] += len(rows)
         for r in rows:
             counts[r.status] = counts.get(r.status, 0) + 1
-        parts += [f"## {title(runs[0], stem)}", "", table(rows, "first run", "second run"), ""]
+        parts += [f"## {title(runs[0][i][0], stem)}", "",
+                  table(rows, "first run", "second run"), ""]
     pending = [s for s in CHAPTERS if s not in stems]
     head = [
         "# Replication: the pre-registered verdicts of chapters 8–12 in two full runs", "",
