@@ -59,6 +59,35 @@ def _cells_without_their_figure(nb, skip_tag: str | None = None) -> list[str]:
     return missing
 
 
+def _noise(nb) -> list[str]:
+    """Printed text a reader should not meet: a warning or traceback on stderr, or a path of the
+    machine that ran the notebook (an environment's warning names its site-packages)."""
+    found = []
+    for cell in _code_cells(nb):
+        for out in cell.get("outputs", []):
+            text = "".join(out.get("text", ""))
+            if out.get("name") == "stderr" and re.search(r"Warning|Traceback", text) \
+                    or re.search(r"(?<![\w.])/(tmp|root|home|work)/", text):
+                found.append(text[:300])
+    return found
+
+
+def test_noise_finds_a_warning_and_a_machine_path():
+    def nb(*outputs):
+        return nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x", outputs=list(outputs))])
+
+    warning = nbformat.v4.new_output("stream", name="stderr", text="/x/auto.py:21: TqdmWarning: ...")
+    path = nbformat.v4.new_output("stream", name="stdout", text="saved to /tmp/run/model.pt")
+    fine = nbformat.v4.new_output("stream", name="stdout", text="accuracy 0.93 at 3/4 of the steps")
+    assert _noise(nb(warning)) and _noise(nb(path)) and not _noise(nb(fine))
+
+
+@pytest.mark.parametrize("stem", STEMS)
+def test_committed_outputs_show_no_warning_or_machine_path(stem):
+    nb = nbformat.read(NOTEBOOKS / f"{stem}.ipynb", as_version=4)
+    assert not _noise(nb), "committed outputs show a warning or a path of the machine that ran them"
+
+
 @pytest.mark.parametrize("stem", STEMS)
 def test_committed_figures_were_drawn(stem):
     nb = nbformat.read(NOTEBOOKS / f"{stem}.ipynb", as_version=4)
@@ -73,10 +102,8 @@ def test_smoke_run_is_clean(stem, notebook_run):
     # committed full-scale run must still show its figure (test_committed_figures_were_drawn).
     assert not _cells_without_their_figure(run.nb, skip_tag="full-scale-figure"), \
         "cells that call plt.show() drew no figure"
+    assert not _noise(run.nb), "a cell shows a warning or a path of the machine that ran it"
     for cell in _code_cells(run.nb):
-        for out in cell.get("outputs", []):
-            text = "".join(out.get("text", "")) if out.get("name") == "stderr" else ""
-            assert not re.search(r"Warning|Traceback", text), f"stderr shows a warning:\n{text}"
         if cell.source.startswith("# NBVAL_CHECK_OUTPUT"):
             kinds = {k for out in cell.get("outputs", []) for k in out.get("data", {})}
             assert not any(k.startswith("image/") for k in kinds), \
