@@ -133,3 +133,29 @@ def test_the_alignment_verdicts_follow_their_intervals(glue):
 
 def test_no_glued_verdict_says_no_difference_resolved(glue):
     assert not old_verdicts(glue)
+
+
+# The opening section's pre-registered contrasts, each with the direction it predicts. At smoke
+# scale every arm they compare is trained, so all seven are computed and glued.
+PREREGISTERED = {"SFT: τ = 1.5 − greedy": "higher", "DPO − SFT": "lower", "RLVR − DPO": "lower",
+                 "SFT: oracle passages − none": "higher",
+                 "the reader: oracle passages − none": "lower",
+                 "the reader: fused top 4 − BM25 top 4": "lower",
+                 "the reader: BM25 top 1 − oracle": "higher"}
+
+
+def test_the_preregistered_contrasts_are_glued_with_their_predictions(glue):
+    records = glue["preregistered_contrasts"]
+    assert list(records) == list(PREREGISTERED)
+    for label, r in records.items():
+        assert r["predicted"] == PREREGISTERED[label], label
+        assert all(math.isfinite(r[k]) for k in ("estimate", "low", "high")), label
+        assert r["low"] <= r["estimate"] <= r["high"], label
+        assert r["side"] in (-1, 0, 1) and r["seeds"] == len(glue["hall_seeds"]), label
+    # the records are the intervals the chapter's other glued values and verdicts come from
+    def triple(label):
+        return [records[label][k] for k in ("estimate", "low", "high")]
+
+    assert triple("DPO − SFT") == glue["hall_dpo_minus_sft_hard"]
+    assert triple("RLVR − DPO") == glue["hall_rlvr_minus_dpo_hard"]
+    assert triple("SFT: τ = 1.5 − greedy") == glue["hall_decode_sft_tau15_minus_greedy_wrong"]
