@@ -66,8 +66,8 @@ def _noise(nb) -> list[str]:
     for cell in _code_cells(nb):
         for out in cell.get("outputs", []):
             text = "".join(out.get("text", ""))
-            if out.get("name") == "stderr" and re.search(r"Warning|Traceback", text) \
-                    or re.search(r"(?<![\w.])/(tmp|root|home|work)/", text):
+            warned = out.get("name") == "stderr" and re.search(r"Warning|Traceback", text)
+            if warned or re.search(r"(?<![\w.])/(tmp|root|home|work)/", text):
                 found.append(text[:300])
     return found
 
@@ -85,7 +85,8 @@ def test_noise_finds_a_warning_and_a_machine_path():
 @pytest.mark.parametrize("stem", STEMS)
 def test_committed_outputs_show_no_warning_or_machine_path(stem):
     nb = nbformat.read(NOTEBOOKS / f"{stem}.ipynb", as_version=4)
-    assert not _noise(nb), "committed outputs show a warning or a path of the machine that ran them"
+    noise = _noise(nb)
+    assert not noise, f"committed outputs show a warning or a path of the machine that ran them:\n{noise[0]}"
 
 
 @pytest.mark.parametrize("stem", STEMS)
@@ -102,7 +103,8 @@ def test_smoke_run_is_clean(stem, notebook_run):
     # committed full-scale run must still show its figure (test_committed_figures_were_drawn).
     assert not _cells_without_their_figure(run.nb, skip_tag="full-scale-figure"), \
         "cells that call plt.show() drew no figure"
-    assert not _noise(run.nb), "a cell shows a warning or a path of the machine that ran it"
+    noise = _noise(run.nb)
+    assert not noise, f"a cell shows a warning or a path of the machine that ran it:\n{noise[0]}"
     for cell in _code_cells(run.nb):
         if cell.source.startswith("# NBVAL_CHECK_OUTPUT"):
             kinds = {k for out in cell.get("outputs", []) for k in out.get("data", {})}
