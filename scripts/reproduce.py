@@ -206,10 +206,12 @@ def adopt(runs: Path, stems: list[str], notebooks: Path = NOTEBOOKS) -> None:
     """Copy full-scale runs over the committed notebooks, each with metadata from its own record.
 
     Every run is checked before any is copied: a run whose record is missing, not at scale=full,
-    or the committed notebook's own (the same ``finished``) refuses the whole adoption."""
+    or the committed notebook's own (the same ``finished``) refuses the whole adoption. Where some
+    runs did not reach their footer (a run stopped part-way), the refusal names them all and the
+    ``--only`` that adopts the others."""
     if not runs.is_dir():
         raise SystemExit(f"--adopt {runs}: no such folder")
-    chosen = {}
+    chosen, unfinished = {}, []
     for stem in stems:
         source = runs / f"{stem}.ipynb"
         if not source.exists():
@@ -219,8 +221,9 @@ def adopt(runs: Path, stems: list[str], notebooks: Path = NOTEBOOKS) -> None:
         record = own_record(nb)
         committed = own_record(nbformat.read(notebooks / source.name, as_version=4))
         if record.keys() != set(RUN_KEYS):
-            raise SystemExit(f"{source} records no run of its own (its footer glued "
-                             f"{sorted(record)}, not {list(RUN_KEYS)}): did it run to the end?")
+            unfinished.append(f"{source} records no run of its own (its footer glued "
+                              f"{sorted(record)}, not {list(RUN_KEYS)}): did it run to the end?")
+            continue
         if record["scale"] != "full":
             raise SystemExit(f"{source} was run at scale={record['scale']!r} on "
                              f"{record['device']}; only full-scale runs are adopted")
@@ -228,6 +231,10 @@ def adopt(runs: Path, stems: list[str], notebooks: Path = NOTEBOOKS) -> None:
             raise SystemExit(f"{source} holds the committed run ({record['finished']}), "
                              "not a new one")
         chosen[stem] = nb, record
+    if unfinished:
+        others = (f"\nThe runs that finished can be adopted alone: --adopt {runs} --only {' '.join(chosen)}"
+                  if chosen else "")
+        raise SystemExit("\n".join(unfinished) + others)
     if not chosen:
         raise SystemExit(f"--adopt {runs}: no run of {stems} in it")
     for stem, (nb, record) in chosen.items():

@@ -160,6 +160,28 @@ def test_adopt_reads_the_runs_own_record_never_the_metadata_it_kept(tmp_path):
     assert adopted.metadata["halluc_lab"]["device"] == "cpu"
 
 
+@pytest.mark.slow
+def test_adopt_names_the_runs_that_stopped_part_way_and_how_to_adopt_the_others(tmp_path):
+    notebooks = fixture_chapters(tmp_path / "nb", {"done": 1.0, "stopped": 1.0})
+    before = {p.name: p.read_text() for p in notebooks.glob("*.ipynb")}
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    papermill_run(notebooks / "done.ipynb", runs / "done.ipynb", "full")
+    stopped = nbformat.read(papermill_run(notebooks / "stopped.ipynb", runs / "stopped.ipynb", "full"),
+                            as_version=4)
+    stopped.cells = stopped.cells[:1]  # as papermill leaves a run killed before its footer
+    nbformat.write(stopped, runs / "stopped.ipynb")
+    with pytest.raises(SystemExit) as refused:
+        reproduce.adopt(runs, ["done", "stopped"], notebooks)
+    message = str(refused.value)
+    assert "stopped.ipynb records no run of its own" in message and "done.ipynb" not in message.split("\n")[0]
+    assert message.endswith(f"--adopt {runs} --only done")
+    assert {p.name: p.read_text() for p in notebooks.glob("*.ipynb")} == before  # nothing copied
+
+    reproduce.adopt(runs, ["done"], notebooks)  # what the message says to run
+    assert reproduce.own_record(nbformat.read(notebooks / "done.ipynb", as_version=4))["scale"] == "full"
+
+
 def test_a_second_seed_set_reaches_a_chapter_that_takes_one(tmp_path):
     notebooks = fixture_chapters(tmp_path / "nb", {"ch": 1.0, "plain": 1.0})
     nb = nbformat.read(notebooks / "ch.ipynb", as_version=4)
