@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,3 +58,28 @@ def run_notebook(stem: str, out_dir: Path) -> NotebookRun:
         nb = nbformat.read(target, as_version=4)
         _RUNS[stem] = NotebookRun(stem, target, nb, read_glue(nb), seconds)
     return _RUNS[stem]
+
+
+def interval(triple, low=-math.inf, high=math.inf):
+    """The estimate of a glued ``[estimate, low, high]``, checked to be ordered and within [low, high]."""
+    est, lo, hi = triple
+    assert low - 1e-12 <= lo <= est <= hi <= high + 1e-12
+    return est
+
+
+def preregistered(glue: dict, predicted: dict[str, str], seeds: int) -> dict:
+    """The glued ``preregistered_contrasts``, checked: the labels of ``predicted`` in its order, each
+    with its predicted direction, a finite ordered interval, a side and ``seeds`` seeds."""
+    records = glue["preregistered_contrasts"]
+    assert list(records) == list(predicted)
+    for label, r in records.items():
+        assert r["predicted"] == predicted[label], label
+        assert all(math.isfinite(r[k]) for k in ("estimate", "low", "high")), label
+        assert r["low"] <= r["estimate"] <= r["high"], label
+        assert r["side"] in (-1, 0, 1) and r["seeds"] == seeds, label
+    return records
+
+
+def glued_interval(record: dict) -> list[float]:
+    """A glued contrast record's interval as the chapters glue one: ``[estimate, low, high]``."""
+    return [record[k] for k in ("estimate", "low", "high")]

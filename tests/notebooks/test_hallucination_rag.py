@@ -7,6 +7,7 @@ import math
 
 import pytest
 
+from tests.notebooks.harness import glued_interval, preregistered
 from tests.notebooks.test_verdicts import old_verdicts
 
 NOTEBOOK = "11_hallucination_rag"
@@ -145,17 +146,8 @@ PREREGISTERED = {"SFT: τ = 1.5 − greedy": "higher", "DPO − SFT": "lower", "
 
 
 def test_the_preregistered_contrasts_are_glued_with_their_predictions(glue):
-    records = glue["preregistered_contrasts"]
-    assert list(records) == list(PREREGISTERED)
-    for label, r in records.items():
-        assert r["predicted"] == PREREGISTERED[label], label
-        assert all(math.isfinite(r[k]) for k in ("estimate", "low", "high")), label
-        assert r["low"] <= r["estimate"] <= r["high"], label
-        assert r["side"] in (-1, 0, 1) and r["seeds"] == len(glue["hall_seeds"]), label
+    records = preregistered(glue, PREREGISTERED, seeds=len(glue["hall_seeds"]))
     # the records are the intervals the chapter's other glued values and verdicts come from
-    def triple(label):
-        return [records[label][k] for k in ("estimate", "low", "high")]
-
-    assert triple("DPO − SFT") == glue["hall_dpo_minus_sft_hard"]
-    assert triple("RLVR − DPO") == glue["hall_rlvr_minus_dpo_hard"]
-    assert triple("SFT: τ = 1.5 − greedy") == glue["hall_decode_sft_tau15_minus_greedy_wrong"]
+    assert glued_interval(records["DPO − SFT"]) == glue["hall_dpo_minus_sft_hard"]
+    assert glued_interval(records["RLVR − DPO"]) == glue["hall_rlvr_minus_dpo_hard"]
+    assert glued_interval(records["SFT: τ = 1.5 − greedy"]) == glue["hall_decode_sft_tau15_minus_greedy_wrong"]
