@@ -219,7 +219,6 @@ def adopt(runs: Path, stems: list[str], notebooks: Path = NOTEBOOKS) -> None:
             continue
         nb = nbformat.read(source, as_version=4)
         record = own_record(nb)
-        committed = own_record(nbformat.read(notebooks / source.name, as_version=4))
         if record.keys() != set(RUN_KEYS):
             unfinished.append(f"{source} records no run of its own (its footer glued "
                               f"{sorted(record)}, not {list(RUN_KEYS)}): did it run to the end?")
@@ -227,6 +226,7 @@ def adopt(runs: Path, stems: list[str], notebooks: Path = NOTEBOOKS) -> None:
         if record["scale"] != "full":
             raise SystemExit(f"{source} was run at scale={record['scale']!r} on "
                              f"{record['device']}; only full-scale runs are adopted")
+        committed = own_record(nbformat.read(notebooks / source.name, as_version=4))
         if record["finished"] == committed.get("finished"):
             raise SystemExit(f"{source} holds the committed run ({record['finished']}), "
                              "not a new one")
