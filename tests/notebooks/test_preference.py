@@ -5,6 +5,7 @@ import math
 
 import pytest
 
+from tests.notebooks.harness import glued_interval, preregistered
 from tests.notebooks.test_verdicts import old_verdicts
 
 NOTEBOOK = "09_preference"
@@ -80,6 +81,33 @@ def test_the_over_optimisation_contrast_has_an_interval_over_seeds_and_a_verdict
     assert said.startswith("best-of-16 ")
     assert ("is lower than best-of-4" in said) == (high < 0)
     assert ("not resolved" in said) == (low <= 0 <= high)
+
+
+# The pre-registered contrasts (all computed at smoke): label -> (the glue of its own interval, the
+# prediction at the top of the chapter).
+PREREGISTERED = {
+    "kb_walk: RLHF − SFT, hallucination rate": ("pref_kb_walk_PPO_reward_model_vs_SFT_wrong", "lower"),
+    "kb_walk: RLVR − SFT, hallucination rate": ("pref_kb_walk_PPO_verifier_vs_SFT_wrong", "lower"),
+    "kb_walk: RLVR − RLHF, hallucination rate": ("pref_rlvr_vs_rlhf_wrong", "higher"),
+    "kb_walk: RLHF − SFT, proxy reward": ("pref_kb_walk_PPO_reward_model_vs_SFT_proxy_reward", "higher"),
+    "kb_walk: RLHF − SFT, gold reward": ("pref_kb_walk_PPO_reward_model_vs_SFT_gold_reward", "not resolved"),
+    "kb_walk: RLVR − SFT, gold reward": ("pref_kb_walk_PPO_verifier_vs_SFT_gold_reward", "higher"),
+    "kb_walk: DPO − SFT, gold reward": ("pref_kb_walk_DPO_vs_SFT_gold_reward", "higher"),
+    "kb_walk: RSFT − SFT, gold reward": ("pref_kb_walk_RSFT_vs_SFT_gold_reward", "higher"),
+    "arithmetic: RLVR − SFT, gold reward": ("pref_arithmetic_PPO_verifier_vs_SFT_gold_reward", "higher"),
+    "kb_walk: best-of-N_max − best-of-√N_max, gold reward of the proxy's pick": ("pref_bon_fall", "lower"),
+}
+
+
+def test_the_preregistered_contrasts_are_glued_with_their_predictions(glue):
+    # every one, in the order of the chapter's table; one seed on the CPU: the bootstrap
+    records = preregistered(glue, {label: p for label, (_, p) in PREREGISTERED.items()}, seeds=1)
+    for label, r in records.items():
+        assert r["method"] == "bootstrap", label
+        assert glued_interval(r) == glue[PREREGISTERED[label][0]], label  # the contrast's own interval
+    for key, _ in PREREGISTERED.values():  # none of them is marked exploratory
+        said = glue.get(key + "_verdict")
+        assert said is not None and not said.startswith("(exploratory)"), key
 
 
 def test_the_reference_policy_is_zero_nats_from_itself(glue):
