@@ -5,8 +5,15 @@ what they need, e.g. ``from halluc_lab.generation import sampling``. The names b
 every chapter uses.
 """
 
+import os as _os
+
 from halluc_lab._version import __version__
 from halluc_lab.book.notebook import footer
 from halluc_lab.device import Runtime, setup
 
 __all__ = ["Runtime", "setup", "footer", "__version__"]
+
+if _os.environ.get("HALLUC_CHECK_FIGURES") == "1":  # the notebook tests: legends over data warn
+    from halluc_lab.book.figures import check_legends
+
+    check_legends()

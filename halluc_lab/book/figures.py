@@ -1,4 +1,4 @@
-"""The book's figure for a comparison of arms: a forest plot.
+"""The book's figure for a comparison of arms, a forest plot, and a check that no legend hides data.
 
 A chapter that compares arms states its contrasts as differences with intervals
 (:func:`halluc_lab.evaluation.stats.t_difference`). :func:`forest` draws them on one axis, one
@@ -6,6 +6,9 @@ row per contrast: the estimate, its interval as a bar, each seed's own differenc
 zero as a dashed line, so a reader sees at once which intervals leave zero and how far the seeds
 spread. Rows the chapter did not pre-register are drawn in grey and labelled "(exploratory)". The
 full table stays in a collapsed cell or on the results page.
+
+:func:`legend_overlaps` finds a legend drawn over a figure's data, and :func:`check_legends` makes
+every figure drawn from then on warn about one (the notebook tests turn it on).
 """
 
 from __future__ import annotations
@@ -72,3 +75,101 @@ def forest(contrasts: Mapping[str, Interval], *, xlabel: str, title: str | None 
         ax.set_title(title)
     ax.grid(axis="x", alpha=0.3)
     return ax.figure
+
+
+# -- legends over data -----------------------------------------------------------------------------
+SEGMENT_SAMPLES = 8  # points per line segment: a line that passes under a legend covers it
+
+
+class LegendOverDataWarning(UserWarning):
+    """A legend drawn on top of data points, lines or bars of its figure."""
+
+
+def _data_points(ax):
+    """Display coordinates (N, 2) of what ``ax`` draws in data coordinates: line vertices and
+    points along each segment, scatter points and errorbar segments. Reference lines drawn in axes
+    coordinates (``axhline``, ``axvline``) are not data and are left out."""
+    import numpy as np
+    from matplotlib.collections import LineCollection
+
+    def along(xy):
+        xy = xy[np.isfinite(xy).all(axis=1)]
+        if len(xy) < 2:
+            return xy
+        t = np.linspace(0.0, 1.0, SEGMENT_SAMPLES, endpoint=False)[None, :, None]
+        inner = xy[:-1, None, :] + (xy[1:, None, :] - xy[:-1, None, :]) * t
+        return np.vstack([inner.reshape(-1, 2), xy[-1:]])
+
+    out = [np.empty((0, 2))]
+    for line in ax.get_lines():
+        if line.get_visible() and line.get_transform() == ax.transData:
+            xy = ax.transData.transform(np.asarray(line.get_xydata(), dtype=float))
+            joined = line.get_linestyle() not in ("None", "", " ", "none")
+            out.append(along(xy) if joined else xy[np.isfinite(xy).all(axis=1)])
+    for coll in ax.collections:
+        if not coll.get_visible():
+            continue
+        if isinstance(coll, LineCollection) and coll.get_transform() == ax.transData:
+            out += [along(ax.transData.transform(np.asarray(s, dtype=float)))
+                    for s in coll.get_segments()]
+        elif len(coll.get_offsets()) and coll.get_offset_transform() == ax.transData:
+            xy = ax.transData.transform(np.asarray(coll.get_offsets(), dtype=float))
+            out.append(xy[np.isfinite(xy).all(axis=1)])
+    return np.vstack(out)
+
+
+def legend_overlaps(fig) -> list[str]:
+    """What each legend of ``fig`` covers: one line per legend that lies over data points, lines
+    (sampled along each segment) or bars of any axes of the figure, empty when none does. The figure
+    is drawn first, so legend boxes and data are in the same display coordinates; a figure without
+    a renderer of its own (closed, and saved as an explorer's frame) is not checked."""
+    from matplotlib.patches import Rectangle
+
+    if not hasattr(fig.canvas, "get_renderer"):  # closed, saved as an explorer's frame: no renderer
+        return []
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    legends = [(ax, ax.get_legend()) for ax in fig.axes] + [(None, lg) for lg in fig.legends]
+    found = []
+    for owner, legend in legends:
+        if legend is None or not legend.get_visible():
+            continue
+        box = legend.get_window_extent(renderer)
+        points = bars = 0
+        for ax in fig.axes:
+            xy = _data_points(ax)
+            points += int(((xy[:, 0] > box.x0) & (xy[:, 0] < box.x1)
+                           & (xy[:, 1] > box.y0) & (xy[:, 1] < box.y1)).sum())
+            bars += sum(1 for p in ax.patches if isinstance(p, Rectangle) and p.get_visible()
+                        and p.get_height() and p.get_width()
+                        and p.get_window_extent(renderer).overlaps(box))
+        if points or bars:
+            title = " ".join(owner.get_title().split()) if owner is not None else ""  # one line
+            where = f"'{title}'" if title else (
+                "its axes" if owner is not None else "the figure")
+            what = " and ".join(f"{n} {w if n > 1 else w[:-1]}"
+                                for n, w in ((points, "data points"), (bars, "bars")) if n)
+            found.append(f"the legend of {where} covers {what}")
+    return found
+
+
+def check_legends() -> None:
+    """From now on, warn (:class:`LegendOverDataWarning`) whenever a figure is drawn for display or
+    saved with a legend over its data. ``import halluc_lab`` calls it where
+    ``$HALLUC_CHECK_FIGURES`` is "1", as the tests set it, so that a smoke run shows the warning
+    and fails; calling it twice installs it once."""
+    import warnings
+
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    original = FigureCanvasBase.print_figure
+    if getattr(original, "checks_legends", False):
+        return
+
+    def print_figure(self, *args, **kwargs):
+        for problem in legend_overlaps(self.figure):
+            warnings.warn(problem, LegendOverDataWarning, stacklevel=2)
+        return original(self, *args, **kwargs)
+
+    print_figure.checks_legends = True
+    FigureCanvasBase.print_figure = print_figure
