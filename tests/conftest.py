@@ -15,9 +15,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def pytest_configure(config):
     # Set before any kernel starts (papermill and nbval kernels inherit the environment):
-    # no progress bars in recorded outputs, legends checked against their data, and a recipe cache of this run's own, so that
-    # every test run trains what it uses from scratch. MPLBACKEND stays unset: kernels then
-    # draw with the inline backend, as a reader's do (with Agg, plt.show() draws nothing).
+    # no progress bars in recorded outputs, legends checked against their data, and a recipe
+    # cache of this run's own, so that every test run trains what it uses from scratch.
+    # MPLBACKEND stays unset: kernels then draw with the inline backend, as a reader's do (with
+    # Agg, plt.show() draws nothing).
     os.environ["HALLUC_BATCH"] = "1"
     os.environ["HALLUC_CHECK_FIGURES"] = "1"  # a legend drawn over data warns, and the smoke check fails
     os.environ.pop("MPLBACKEND", None)

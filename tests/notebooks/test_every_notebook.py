@@ -59,8 +59,8 @@ def _legend_warnings(noise: list[str]) -> list[str]:
 
 
 def _without_legend_warnings(noise: list[str]) -> list[str]:
-    """``noise`` with each legend warning and the source line Python prints under it taken out, and
-    an entry left empty by that dropped: the other warnings stay."""
+    """``noise`` with each legend warning, and the source line Python prints under it, taken out;
+    an entry that held nothing else is dropped, and every other warning stays."""
     stripped = (re.sub(r"[^\n]*LegendOverDataWarning: [^\n]*\n?(?:  [^\n]*\n?)?", "", text) for text in noise)
     return [text for text in stripped if text.strip()]
 
