@@ -4,20 +4,13 @@ with RLHF to agreeable raters; a forbidden fact family and its retraction; a vis
 in-context learning and chain of thought with 001's worked examples. Values that hold by construction are asserted,
 not outcomes that depend on how training went."""
 
-import math
-
 import pytest
 
+from tests.notebooks.harness import interval
 from tests.notebooks.test_verdicts import old_verdicts
 
 NOTEBOOK = "12_extensions"
 pytestmark = pytest.mark.notebook
-
-
-def interval(triple, low=-math.inf, high=math.inf):
-    est, lo, hi = triple
-    assert low - 1e-12 <= lo <= est <= hi <= high + 1e-12
-    return est
 
 
 def test_every_claim_table_of_the_chapter_is_counted(glue):
