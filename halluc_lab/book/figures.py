@@ -123,26 +123,26 @@ def legend_overlaps(fig) -> list[str]:
     (sampled along each segment) or bars of any axes of the figure, empty when none does. The figure
     is drawn first, so legend boxes and data are in the same display coordinates; a figure without
     a renderer of its own (closed, and saved as an explorer's frame) is not checked."""
+    import numpy as np
     from matplotlib.patches import Rectangle
 
-    if not hasattr(fig.canvas, "get_renderer"):  # closed, saved as an explorer's frame: no renderer
-        return []
-    fig.canvas.draw()
-    renderer = fig.canvas.get_renderer()
     legends = [(ax, ax.get_legend()) for ax in fig.axes] + [(None, lg) for lg in fig.legends]
+    legends = [(owner, lg) for owner, lg in legends if lg is not None and lg.get_visible()]
+    if not legends or not hasattr(fig.canvas, "get_renderer"):  # closed explorer frames have none
+        return []
+    fig.canvas.draw()  # only a figure with a legend is drawn an extra time
+    renderer = fig.canvas.get_renderer()
+    # what every axes draws, gathered once for all the figure's legends
+    xy = np.vstack([_data_points(ax) for ax in fig.axes])
+    bar_boxes = [p.get_window_extent(renderer) for ax in fig.axes for p in ax.patches
+                 if isinstance(p, Rectangle) and p.get_visible() and p.get_height()
+                 and p.get_width()]
     found = []
     for owner, legend in legends:
-        if legend is None or not legend.get_visible():
-            continue
         box = legend.get_window_extent(renderer)
-        points = bars = 0
-        for ax in fig.axes:
-            xy = _data_points(ax)
-            points += int(((xy[:, 0] > box.x0) & (xy[:, 0] < box.x1)
-                           & (xy[:, 1] > box.y0) & (xy[:, 1] < box.y1)).sum())
-            bars += sum(1 for p in ax.patches if isinstance(p, Rectangle) and p.get_visible()
-                        and p.get_height() and p.get_width()
-                        and p.get_window_extent(renderer).overlaps(box))
+        points = int(((xy[:, 0] > box.x0) & (xy[:, 0] < box.x1)
+                      & (xy[:, 1] > box.y0) & (xy[:, 1] < box.y1)).sum())
+        bars = sum(1 for b in bar_boxes if b.overlaps(box))
         if points or bars:
             title = " ".join(owner.get_title().split()) if owner is not None else ""  # one line
             where = f"'{title}'" if title else (
