@@ -29,7 +29,8 @@ from halluc_lab.book.replication import (DIFFERS, GLUE_NAME, STABLE, compare,  #
                                          table)
 
 CHAPTERS = ("08_sft", "09_preference", "10_rlvr_backtracking", "10b_fair_test",
-            "11_hallucination_rag", "12_extensions")
+            "11_hallucination_rag", "12a_continual_learning", "12b_sycophancy", "12c_safety",
+            "12d_vision", "12e_icl_cot")
 
 
 def seeds_used(nb, glued: dict) -> list[int] | None:

@@ -14,8 +14,9 @@ numbers on both sides of every verdict and checks that the wording follows.
   :func:`reading_passages`, what its models do with retrieved passages; and
   :func:`hallucination_claims`, the rows of its check of 001 Part 3 §2–3, each verdict from the
   measured interval.
-- :func:`extensions_summary` — continual learning, sycophancy, safety, the vision model, in-context
-  learning and chain of thought (chapter 12), one bullet each.
+- :func:`continual_learning_summary`, :func:`sycophancy_summary`, :func:`safety_summary`,
+  :func:`vision_summary` and :func:`icl_cot_summary` — the summaries of chapter 12's pages, one
+  each, each closing with how many disagreements the page's tables hold.
 """
 
 from __future__ import annotations
@@ -142,40 +143,71 @@ def hallucination_summary(*, hard: str, sft_hard: Interval, sft_knowable: float,
 
 
 # -- extensions --------------------------------------------------------------------------------
-def extensions_summary(*, steps: int, full_vs_before: Interval, frozen_vs_before: Interval,
-                       span: str, chance: float, anchors: Mapping[float, Interval],
-                       sft_agrees: Interval, agreeable_vs_sft: Interval, rlvr_vs_sft: Interval,
-                       violations: Mapping[str, Interval], vlm_habit: Interval,
-                       icl_right: Interval, cot_vs_direct: Interval, disagreements: int) -> str:
-    """The chapter's summary, a bullet a section. ``*_vs_*``: differences a − b (continual learning:
-    old-chain accuracy after the fine-tune minus before; sycophancy: the rate of agreeing with a
-    wrong user); ``span``: the new gradient's share in the old ones' span, as printed; ``anchors``:
-    per λ, the anchored run minus full fine-tuning in old-chain accuracy; ``violations``: the rates
-    "start", "refuse", "take back" (free-running) and "refuse, prefilled", "take back,
-    prefilled"."""
-    v = violations
+def _tables(disagreements: int) -> str:
+    """The closing sentence of a chapter 12 page: how many disagreements its tables hold."""
+    return (f"The page's tables hold {_places(disagreements, 'disagreement')} with the documents, "
+            "each on the [errata page](../book/errata.md).")
+
+
+def continual_learning_summary(*, steps: int, full_vs_before: Interval, frozen_vs_before: Interval,
+                               span: str, chance: float, anchors: Mapping[float, Interval],
+                               disagreements: int) -> str:
+    """Continual learning's summary. ``full_vs_before``, ``frozen_vs_before``: old-chain accuracy
+    after the fine-tune minus before; ``span``: the new gradient's share in the old ones' span, as
+    printed; ``anchors``: per λ, the anchored run minus full fine-tuning in old-chain accuracy."""
     anchored = "; ".join(f"λ = {lam:g} {d:+.3f}" for lam, d in anchors.items())
     return (
-        f"- **Continual learning.** After {steps} steps on the grown world, "
+        f"**Continual learning.** After {steps} steps on the grown world, "
         f"{said(full_vs_before, 'full fine-tuning', 'the model before', 'old-chain accuracy')}; "
         f"a frozen backbone changed it by {frozen_vs_before:+.3f}. The new gradient's share in the "
         f"span of the old ones is {span} (a random direction's: {chance:.2g}). Eq. (12)'s anchor "
         "on full fine-tuning, old-chain accuracy against full fine-tuning without it: "
-        f"{anchored}.\n"
-        f"- **Sycophancy.** The SFT model repeats a wrong user's number in {sft_agrees:.3f} of the "
-        f"sums; {said(agreeable_vs_sft, 'RLHF to agreeable raters', 'SFT', AGREEING)}; "
-        f"{said(rlvr_vs_sft, 'RLVR', 'SFT', AGREEING, exploratory=True)}.\n"
-        f"- **Safety.** Free-running violations of the forbidden relation: start {v['start']:.3f}, "
+        f"{anchored}.\n\n" + _tables(disagreements))
+
+
+def sycophancy_summary(*, sft_agrees: Interval, agreeable_vs_sft: Interval,
+                       rlvr_vs_agreeable: Interval, rlvr_vs_sft: Interval,
+                       disagreements: int) -> str:
+    """Sycophancy's summary. ``sft_agrees``: the SFT model's rate of agreeing with a wrong user;
+    ``agreeable_vs_sft`` and ``rlvr_vs_agreeable``, the page's two pre-registered contrasts, and
+    ``rlvr_vs_sft``, an exploratory one: one model's rate minus another's."""
+    agreeable = "RLHF with agreeable raters"
+    return (
+        f"**Sycophancy.** The SFT model repeats a wrong user's number in {sft_agrees:.3f} of the "
+        f"sums. Pre-registered: {said(agreeable_vs_sft, agreeable, 'SFT', AGREEING)}; "
+        f"{said(rlvr_vs_agreeable, 'RLVR', agreeable, AGREEING)}. "
+        f"{said(rlvr_vs_sft, 'RLVR', 'SFT', AGREEING, exploratory=True)}.\n\n"
+        + _tables(disagreements))
+
+
+def safety_summary(*, violations: Mapping[str, Interval], disagreements: int) -> str:
+    """Safety's summary. ``violations``: the rates "start", "refuse", "take back" (free-running) and
+    "refuse, prefilled", "take back, prefilled"."""
+    v = violations
+    return (
+        f"**Safety.** Free-running violations of the forbidden relation: start {v['start']:.3f}, "
         f"refuse {v['refuse']:.3f}, take back {v['take back']:.3f}; with the fact prefilled: "
-        f"refuse {v['refuse, prefilled']:.3f}, take back {v['take back, prefilled']:.3f}.\n"
-        "- **A model that sees.** On images that break the training habit, the habit-trained "
+        f"refuse {v['refuse, prefilled']:.3f}, take back {v['take back, prefilled']:.3f}.\n\n"
+        + _tables(disagreements))
+
+
+def vision_summary(*, vlm_habit: Interval, disagreements: int) -> str:
+    """The vision model's summary. ``vlm_habit``: the habit-trained captioner's rate of naming the
+    usual colour on counter images minus the control's."""
+    return (
+        "**A model that sees.** On images that break the training habit, the habit-trained "
         "captioner's extra rate of naming the usual colour against the control's: "
-        f"{said(vlm_habit, 'the habit model', 'the control', 'that rate')}.\n"
-        "- **In-context learning and chain of thought.** With 1–4 demonstrations the ICL model "
+        f"{said(vlm_habit, 'the habit model', 'the control', 'that rate')}.\n\n"
+        + _tables(disagreements))
+
+
+def icl_cot_summary(*, icl_right: Interval, cot_vs_direct: Interval, disagreements: int) -> str:
+    """In-context learning and chain of thought's summary. ``icl_right``: the ICL model's accuracy
+    with 1–4 demonstrations; ``cot_vs_direct``: accuracy on held-out sums, CoT minus direct."""
+    return (
+        "**In-context learning and chain of thought.** With 1–4 demonstrations the ICL model "
         f"answers {icl_right:.3f} of held-out prompts right (chance 1/9); on held-out sums, "
-        f"{said(cot_vs_direct, 'CoT', 'direct', 'accuracy')}.\n\n"
-        f"The chapter's tables hold {_places(disagreements, 'disagreement')} with the documents, "
-        "each on the [errata page](../book/errata.md).")
+        f"{said(cot_vs_direct, 'CoT', 'direct', 'accuracy')}.\n\n" + _tables(disagreements))
 
 
 def reading_passages(*, sft_answered: float, rag_answered: float, rag_follows: float,

@@ -51,7 +51,7 @@ def test_committed_notebook_carries_a_full_scale_run(stem):
 # before the check: each is moved where it covers nothing at the chapter's next full-scale run, and its count
 # here goes down with it. The list only shrinks.
 LEGENDS_OVER_DATA = {"04_attention": 1, "09_preference": 3, "10_rlvr_backtracking": 4, "10b_fair_test": 1,
-                     "11_hallucination_rag": 2, "12_extensions": 1}
+                     "11_hallucination_rag": 2, "12d_vision": 1}
 
 
 def _legend_warnings(noise: list[str]) -> list[str]:

@@ -161,47 +161,112 @@ def test_hallucination_summary_refuses_a_reversed_range_and_a_negative_count():
 
 
 # -- extensions ------------------------------------------------------------------------------------
-def _extensions(d, disagreements=3):
-    rates = {
-        k: Interval(0.1, 0.05, 0.15)
-        for k in ("start", "refuse", "take back", "refuse, prefilled", "take back, prefilled")
-    }
-    return summaries.extensions_summary(
+def _continual(d, disagreements=3):
+    return summaries.continual_learning_summary(
         steps=200,
         full_vs_before=d,
         frozen_vs_before=Interval(-0.01, -0.02, 0.0),
         span="0.12–0.3",
         chance=0.0123,
         anchors={1.0: d, 10.0: OPEN},
-        sft_agrees=Interval(0.3, 0.25, 0.35),
-        agreeable_vs_sft=d,
-        rlvr_vs_sft=d,
-        violations=rates,
-        vlm_habit=d,
-        icl_right=Interval(0.8, 0.7, 0.9),
-        cot_vs_direct=d,
         disagreements=disagreements,
     )
 
 
-def test_extensions_summary_follows_the_planted_verdicts():
-    lower, higher = _extensions(LOWER), _extensions(HIGHER)
-    assert "full fine-tuning is lower than the model before in old-chain accuracy" in lower
-    assert (
-        "RLHF to agreeable raters is higher than SFT in rate of agreeing with a wrong user"
-        in higher
+def _sycophancy(d, disagreements=3):
+    # each contrast planted with its own value, so a slot printed in another's place fails
+    shifted = Interval(d.estimate + 0.001, d.low + 0.001, d.high + 0.001)
+    flipped = Interval(-d.estimate, -d.high, -d.low)
+    return summaries.sycophancy_summary(
+        sft_agrees=Interval(0.3, 0.25, 0.35),
+        agreeable_vs_sft=d,
+        rlvr_vs_agreeable=flipped,
+        rlvr_vs_sft=shifted,
+        disagreements=disagreements,
     )
-    assert "(exploratory) RLVR is lower than SFT in rate of agreeing with a wrong user" in lower
-    assert "the habit model is higher than the control in that rate" in higher
-    assert "CoT is lower than direct in accuracy" in lower
+
+
+def _safety(d, disagreements=3):
+    # the planted difference shifts every rate, so each rate is printed from its own slot
+    names = ("start", "refuse", "take back", "refuse, prefilled", "take back, prefilled")
+    rates = {
+        k: Interval(0.5 + d.estimate + i / 100, 0.45 + d.estimate, 0.6 + d.estimate)
+        for i, k in enumerate(names)
+    }
+    return summaries.safety_summary(violations=rates, disagreements=disagreements)
+
+
+def _vision(d, disagreements=3):
+    return summaries.vision_summary(vlm_habit=d, disagreements=disagreements)
+
+
+def _icl_cot(d, disagreements=3):
+    return summaries.icl_cot_summary(
+        icl_right=Interval(0.8, 0.7, 0.9), cot_vs_direct=d, disagreements=disagreements
+    )
+
+
+EXTENSION_PAGES = [_continual, _sycophancy, _safety, _vision, _icl_cot]
+
+
+def test_continual_learning_summary_follows_the_planted_verdicts():
+    lower, higher = _continual(LOWER), _continual(HIGHER)
+    assert "full fine-tuning is lower than the model before in old-chain accuracy" in lower
+    assert "full fine-tuning is higher than the model before in old-chain accuracy" in higher
+    assert "full fine-tuning − the model before in old-chain accuracy: not resolved" in _continual(
+        OPEN
+    )
     assert "λ = 1 -0.200 [-0.300, -0.100]; λ = 10 +0.010 [-0.050, +0.070]" in lower
+    assert "λ = 1 +0.200 [+0.100, +0.300]" in higher
     assert (
         "a random direction's: 0.012)" in lower and "changed it by -0.010 [-0.020, +0.000]" in lower
     )
-    assert "CoT − direct in accuracy: not resolved" in _extensions(OPEN)
-    assert "hold 3 disagreements with" in lower and "hold 1 disagreement with" in _extensions(
-        LOWER, 1
-    )
+
+
+def test_sycophancy_summary_follows_the_planted_verdicts():
+    lower, higher = _sycophancy(LOWER), _sycophancy(HIGHER)
+    agreeing = "in rate of agreeing with a wrong user"
+    assert f"Pre-registered: RLHF with agreeable raters is higher than SFT {agreeing}" in higher
+    assert f"Pre-registered: RLHF with agreeable raters is lower than SFT {agreeing}" in lower
+    assert f"RLVR is lower than RLHF with agreeable raters {agreeing}" in higher
+    assert f"RLVR is higher than RLHF with agreeable raters {agreeing}" in lower
+    assert f"). (exploratory) RLVR is lower than SFT {agreeing}" in lower
+    assert f"). (exploratory) RLVR is higher than SFT {agreeing}" in higher
+    est = LOWER.estimate
+    for planted in (est, -est, est + 0.001):  # each of the three contrasts prints its own value
+        assert f"({planted:+.3f} " in lower
+    opened = _sycophancy(OPEN)
+    assert f"RLHF with agreeable raters − SFT {agreeing}: not resolved" in opened
+    assert f"RLVR − RLHF with agreeable raters {agreeing}: not resolved" in opened
+    assert "number in 0.300 [0.250, 0.350] of the sums" in lower
+
+
+def test_safety_summary_prints_each_rate_in_its_place():
+    lower, higher = _safety(LOWER), _safety(HIGHER)
+    assert "start 0.300 [0.250, 0.400], refuse 0.310 [0.250, 0.400], take back 0.320" in lower
+    assert "with the fact prefilled: refuse 0.730 [0.650, 0.800], take back 0.740" in higher
+    assert "not resolved" not in lower + higher  # rates, no verdict
+
+
+def test_vision_summary_follows_the_planted_verdicts():
+    assert "the habit model is higher than the control in that rate" in _vision(HIGHER)
+    assert "the habit model is lower than the control in that rate" in _vision(LOWER)
+    assert "the habit model − the control in that rate: not resolved" in _vision(OPEN)
+
+
+def test_icl_cot_summary_follows_the_planted_verdicts():
+    assert "CoT is lower than direct in accuracy" in _icl_cot(LOWER)
+    assert "CoT is higher than direct in accuracy" in _icl_cot(HIGHER)
+    assert "CoT − direct in accuracy: not resolved" in _icl_cot(OPEN)
+    assert "answers 0.800 [0.700, 0.900] of held-out prompts right" in _icl_cot(LOWER)
+
+
+@pytest.mark.parametrize("summary", EXTENSION_PAGES)
+def test_each_extension_page_counts_its_own_disagreements(summary):
+    assert "hold 3 disagreements with" in summary(LOWER)
+    assert "hold 1 disagreement with" in summary(LOWER, 1)
+    with pytest.raises(ValueError, match="n must be an int >= 0"):
+        summary(LOWER, -1)
 
 
 def _claims(d, returned=Interval(0.01, 0.0, 0.02), prompt_tokens=40):
