@@ -13,7 +13,7 @@ from halluc_lab.device import Runtime, setup
 
 __all__ = ["Runtime", "setup", "footer", "__version__"]
 
-if _os.environ.get("HALLUC_CHECK_FIGURES") == "1":  # the notebook tests: legends over data warn
-    from halluc_lab.book.figures import check_legends
+if _os.environ.get("HALLUC_CHECK_FIGURES") == "1":  # the notebook tests: unreadable figures warn
+    from halluc_lab.book.figures import check_figures
 
-    check_legends()
+    check_figures()

@@ -20,7 +20,7 @@ def pytest_configure(config):
     # MPLBACKEND stays unset: kernels then draw with the inline backend, as a reader's do (with
     # Agg, plt.show() draws nothing).
     os.environ["HALLUC_BATCH"] = "1"
-    os.environ["HALLUC_CHECK_FIGURES"] = "1"  # a legend drawn over data warns, and the smoke check fails
+    os.environ["HALLUC_CHECK_FIGURES"] = "1"  # legends over data, tick labels that meet: warn
     os.environ.pop("MPLBACKEND", None)
     os.environ.setdefault("HALLUC_CACHE", tempfile.mkdtemp(prefix="halluc-cache-"))
     os.environ.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")

@@ -1,4 +1,5 @@
-"""The book's figure for a comparison of arms, a forest plot, and a check that no legend hides data.
+"""The book's figure for a comparison of arms, a forest plot, and checks that a figure can be read:
+no legend hides data, no tick labels sit on one another.
 
 A chapter that compares arms states its contrasts as differences with intervals
 (:func:`halluc_lab.evaluation.stats.t_difference`). :func:`forest` draws them on one axis, one
@@ -7,17 +8,21 @@ zero as a dashed line, so a reader sees at once which intervals leave zero and h
 spread. Rows the chapter did not pre-register are drawn in grey and labelled "(exploratory)". The
 full table stays in a collapsed cell or on the results page.
 
-:func:`legend_overlaps` finds a legend drawn over a figure's data, and :func:`check_legends` makes
-every figure drawn from then on warn about one (the notebook tests turn it on).
+:func:`legend_overlaps` finds a legend drawn over a figure's data, :func:`tick_label_overlaps`
+tick labels printed over one another, and :func:`check_figures` makes every figure drawn from
+then on warn about either (the notebook tests turn it on).
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 
+from matplotlib.ticker import MaxNLocator
+
 from halluc_lab.evaluation.stats import Interval
 
 ROW_INCHES = 0.42  # height per contrast: labels at 10 pt stay apart
+TICKS_PER_INCH = 1.6  # x tick labels of a forest plot, such as "−0.05" at 10 pt: 0.4 in wide
 SEED_OFFSETS = (-0.18, 0.18)  # the per-seed dots spread over this band around their row, evenly
 
 
@@ -74,7 +79,29 @@ def forest(contrasts: Mapping[str, Interval], *, xlabel: str, title: str | None 
     if title:
         ax.set_title(title)
     ax.grid(axis="x", alpha=0.3)
+    ax.xaxis.set_major_locator(PerInchLocator(TICKS_PER_INCH))
     return ax.figure
+
+
+class PerInchLocator(MaxNLocator):
+    """Round tick values (steps of 1, 2 or 5 times a power of ten, so no label needs a digit more
+    than its neighbours), as many as the axis has room for at ``per_inch`` labels an inch of its
+    length when it is drawn (after the layout has sized the axes). Matplotlib's default allows a
+    label three font sizes wide, and a signed difference such as "−0.125" is wider."""
+
+    def __init__(self, per_inch: float):
+        if not per_inch > 0:
+            raise ValueError(f"per_inch must be > 0, got {per_inch}")
+        super().__init__(steps=[1, 2, 5, 10])
+        self.per_inch = per_inch
+
+    def __call__(self):
+        ax = self.axis.axes
+        box = ax.get_position()
+        inches = (box.width * ax.figure.get_figwidth() if self.axis is ax.xaxis
+                  else box.height * ax.figure.get_figheight())
+        self.set_params(nbins=max(1, int(inches * self.per_inch)))
+        return super().__call__()
 
 
 # -- legends over data -----------------------------------------------------------------------------
@@ -123,15 +150,34 @@ def legend_overlaps(fig) -> list[str]:
     (sampled along each segment) or bars of any axes of the figure, empty when none does. The figure
     is drawn first, so legend boxes and data are in the same display coordinates; a figure without
     a renderer of its own (closed, and saved as an explorer's frame) is not checked."""
+    if not _legends(fig):
+        return []
+    renderer = _drawn(fig)
+    return [] if renderer is None else _legend_overlaps(fig, renderer)
+
+
+def _legends(fig) -> list:
+    """(owner axes or None, legend) for each visible legend of ``fig``."""
+    legends = [(ax, ax.get_legend()) for ax in fig.axes] + [(None, lg) for lg in fig.legends]
+    return [(owner, lg) for owner, lg in legends if lg is not None and lg.get_visible()]
+
+
+def _drawn(fig):
+    """``fig`` drawn, and its renderer; None for a figure without a renderer of its own (closed
+    explorer frames have none)."""
+    if not hasattr(fig.canvas, "get_renderer"):
+        return None
+    fig.canvas.draw()
+    return fig.canvas.get_renderer()
+
+
+def _legend_overlaps(fig, renderer) -> list[str]:
     import numpy as np
     from matplotlib.patches import Rectangle
 
-    legends = [(ax, ax.get_legend()) for ax in fig.axes] + [(None, lg) for lg in fig.legends]
-    legends = [(owner, lg) for owner, lg in legends if lg is not None and lg.get_visible()]
-    if not legends or not hasattr(fig.canvas, "get_renderer"):  # closed explorer frames have none
+    legends = _legends(fig)
+    if not legends:
         return []
-    fig.canvas.draw()  # only a figure with a legend is drawn an extra time
-    renderer = fig.canvas.get_renderer()
     # what every axes draws, gathered once for all the figure's legends
     xy = np.vstack([_data_points(ax) for ax in fig.axes])
     bar_boxes = [p.get_window_extent(renderer) for ax in fig.axes for p in ax.patches
@@ -144,18 +190,81 @@ def legend_overlaps(fig) -> list[str]:
                       & (xy[:, 1] > box.y0) & (xy[:, 1] < box.y1)).sum())
         bars = sum(1 for b in bar_boxes if b.overlaps(box))
         if points or bars:
-            title = " ".join(owner.get_title().split()) if owner is not None else ""  # one line
-            where = f"'{title}'" if title else (
-                "its axes" if owner is not None else "the figure")
             what = " and ".join(f"{n} {w if n > 1 else w[:-1]}"
                                 for n, w in ((points, "data points"), (bars, "bars")) if n)
-            found.append(f"the legend of {where} covers {what}")
+            found.append(f"the legend of {_where(owner)} covers {what}")
     return found
 
 
-def check_legends() -> None:
-    """From now on, warn (:class:`LegendOverDataWarning`) whenever a figure is drawn for display or
-    saved with a legend over its data. ``import halluc_lab`` calls it where
+def _where(ax) -> str:
+    """How a message names ``ax``: its title on one line, else "its axes" (None: "the figure")."""
+    if ax is None:
+        return "the figure"
+    title = " ".join(ax.get_title().split())
+    return f"'{title}'" if title else "its axes"
+
+
+# -- tick labels over one another ------------------------------------------------------------------
+TICK_GAP_PIXELS = 1.0  # labels closer than this along their axis read as one
+
+
+class TickLabelsOverlapWarning(UserWarning):
+    """Tick labels of one axis printed over one another."""
+
+
+def tick_label_overlaps(fig) -> list[str]:
+    """Axes of ``fig`` whose tick labels (major and minor) run into one another: one line per such
+    axis, with the first pair that does, empty when none does. Neighbours are compared along their
+    axis: where their text runs along it (x labels as written), their extents must not meet; where
+    it runs across it (y labels, turned x labels), the distance between their baselines, Δ·|sin θ|
+    on x and Δ·|cos θ| on y for labels turned by θ, must be at least the text's height. Ticks
+    outside the axis' view are not drawn and not counted. The figure is drawn first; one without
+    a renderer of its own is not checked."""
+    renderer = _drawn(fig)
+    return [] if renderer is None else _tick_label_overlaps(fig, renderer)
+
+
+def _tick_label_overlaps(fig, renderer) -> list[str]:
+    import itertools
+    import math
+
+    found = []
+    for ax in fig.axes:
+        if not ax.get_visible() or not ax.axison:
+            continue
+        for (name, axis), side in itertools.product((("x", ax.xaxis), ("y", ax.yaxis)),
+                                                    ("label1", "label2")):  # a side at a time
+            lo, hi = sorted(axis.get_view_interval())
+            slack = (hi - lo) * 1e-9  # ticks out of view are not drawn
+            labels = [label for tick in axis.get_major_ticks() + axis.get_minor_ticks()
+                      if lo - slack <= tick.get_loc() <= hi + slack
+                      for label in [getattr(tick, side)]
+                      if label.get_visible() and label.get_text().strip()]
+            boxes = sorted(((t.get_window_extent(renderer), t) for t in labels),
+                           key=lambda bt: bt[0].x0 if name == "x" else bt[0].y0)
+            for (a, ta), (b, tb) in zip(boxes, boxes[1:]):
+                angle = math.radians(ta.get_rotation())
+                across = math.sin(angle) if name == "x" else math.cos(angle)
+                if abs(across) < 1e-6:  # the text runs along the axis: extents must not meet
+                    gap = b.x0 - a.x1 if name == "x" else b.y0 - a.y1
+                    clash = gap < TICK_GAP_PIXELS
+                else:  # turned: the distance between parallel baselines against the text's height
+                    step = ((b.x0 + b.x1) - (a.x0 + a.x1)) / 2 if name == "x" else \
+                        ((b.y0 + b.y1) - (a.y0 + a.y1)) / 2
+                    _, height, _ = renderer.get_text_width_height_descent(
+                        ta.get_text(), ta.get_fontproperties(), ismath=False)
+                    clash = abs(step * across) < height
+                if clash:
+                    found.append(f"the {name} tick labels of {_where(ax)} overlap: "
+                                 f"'{ta.get_text()}' and '{tb.get_text()}'")
+                    break
+    return found
+
+
+def check_figures() -> None:
+    """From now on, warn whenever a figure is drawn for display or saved with a legend over its
+    data (:class:`LegendOverDataWarning`) or tick labels over one another
+    (:class:`TickLabelsOverlapWarning`). ``import halluc_lab`` calls it where
     ``$HALLUC_CHECK_FIGURES`` is "1", as the tests set it, so that a smoke run shows the warning
     and fails; calling it twice installs it once."""
     import warnings
@@ -163,13 +272,17 @@ def check_legends() -> None:
     from matplotlib.backend_bases import FigureCanvasBase
 
     original = FigureCanvasBase.print_figure
-    if getattr(original, "checks_legends", False):
+    if getattr(original, "checks_figures", False):
         return
 
     def print_figure(self, *args, **kwargs):
-        for problem in legend_overlaps(self.figure):
-            warnings.warn(problem, LegendOverDataWarning, stacklevel=2)
+        renderer = _drawn(self.figure)  # one extra draw serves both checks
+        if renderer is not None:
+            for problem in _legend_overlaps(self.figure, renderer):
+                warnings.warn(problem, LegendOverDataWarning, stacklevel=2)
+            for problem in _tick_label_overlaps(self.figure, renderer):
+                warnings.warn(problem, TickLabelsOverlapWarning, stacklevel=2)
         return original(self, *args, **kwargs)
 
-    print_figure.checks_legends = True
+    print_figure.checks_figures = True
     FigureCanvasBase.print_figure = print_figure
