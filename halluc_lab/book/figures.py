@@ -254,9 +254,10 @@ def _tick_label_overlaps(fig, renderer) -> list[str]:
                     _, height, _ = renderer.get_text_width_height_descent(
                         ta.get_text(), ta.get_fontproperties(), ismath=False)
                     clash = abs(step * across) < height
-                if clash:
+                if clash:  # a label of several lines is named on one, as a warning is one line
+                    texts = (" ".join(label.get_text().split()) for label in (ta, tb))
                     found.append(f"the {name} tick labels of {_where(ax)} overlap: "
-                                 f"'{ta.get_text()}' and '{tb.get_text()}'")
+                                 + " and ".join(f"'{text}'" for text in texts))
                     break
     return found
 

@@ -118,6 +118,11 @@ def test_tick_label_overlaps_finds_labels_that_meet_and_only_them():
     ax.set_title("a  tall\ntable")
     assert tick_label_overlaps(fig) == ["the y tick labels of 'a tall table' overlap: 'row 0' and "
                                         "'row 1'"]
+    # labels of several lines are named on one line, as the smoke check reads a warning per line
+    wide, ax = plt.subplots(figsize=(1.2, 2))
+    ax.set_xticks([0, 1], ["RLHF\n(verifier raters)", "RLHF\n(agreeable raters)"])
+    assert tick_label_overlaps(wide) == ["the x tick labels of its axes overlap: 'RLHF (verifier "
+                                         "raters)' and 'RLHF (agreeable raters)'"]
     plt.close("all")
 
 
