@@ -132,6 +132,7 @@ def hallucination_summary(*, hard: str, sft_hard: Interval, sft_knowable: float,
         + said(bm25_vs_none, f"its answers with {BM25_4}", NONE, RATE, plural=True,
                exploratory=True)
         + ", and " + said(oracle_vs_none, f"its answers with {ORACLE}", NONE, RATE, plural=True)
+        + _same_either_way(bm25_vs_none, oracle_vs_none)
         + "; for the reader, "
         + said(reader_oracle_vs_none, f"its answers with {ORACLE}", NONE, RATE, plural=True)
         + "; the reader with oracle passages against the SFT model with none: "
@@ -140,6 +141,16 @@ def hallucination_summary(*, hard: str, sft_hard: Interval, sft_knowable: float,
         + ", ".join(f"{share:.2f} for {arm}" for arm, share in follows.items()) + ".\n"
         f"- The chapter's check-the-claim tables disagree with the documents in "
         f"{_places(disagreements, 'place')}.")
+
+
+def _same_either_way(bm25: Interval, oracle: Interval) -> str:
+    """Where the SFT model's change is the same with the retrieved and the oracle passages, seed by
+    seed, a clause that says so; else nothing."""
+    values = [(iv.estimate, iv.low, iv.high, tuple(iv.per_seed or ())) for iv in (bm25, oracle)]
+    if values[0] != values[1]:
+        return ""
+    return (" — the same change, seed by seed, with either set: what the passages say does not "
+            "move the SFT model's rate there, only that its prompt opens with passages")
 
 
 # -- extensions --------------------------------------------------------------------------------

@@ -153,6 +153,16 @@ def test_hallucination_summary_follows_the_planted_verdicts_and_agrees_in_number
     assert _hallucination(LOWER, 1).endswith("in 1 place.")
 
 
+def test_hallucination_summary_says_when_the_passages_make_no_difference_between_them():
+    same = "the same change, seed by seed, with either set"
+    assert same in _hallucination(HIGHER)  # bm25_vs_none and oracle_vs_none planted equal
+    shifted = Interval(HIGHER.estimate + 0.01, HIGHER.low + 0.01, HIGHER.high + 0.01)
+    assert same not in _hallucination(HIGHER, oracle_vs_none=shifted)
+    seeds = Interval(0.1, 0.05, 0.15, per_seed=(0.1, 0.1))
+    other_seeds = Interval(0.1, 0.05, 0.15, per_seed=(0.05, 0.15))
+    assert same not in _hallucination(HIGHER, bm25_vs_none=seeds, oracle_vs_none=other_seeds)
+
+
 def test_hallucination_summary_refuses_a_reversed_range_and_a_negative_count():
     with pytest.raises(ValueError, match="n must be an int >= 0"):
         _hallucination(LOWER, -1)
