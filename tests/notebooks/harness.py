@@ -67,9 +67,12 @@ def interval(triple, low=-math.inf, high=math.inf):
     return est
 
 
-def preregistered(glue: dict, predicted: dict[str, str], seeds: int) -> dict:
+def preregistered(glue: dict, predicted: dict[str, str], seeds: int,
+                  same_as: dict[str, str] | None = None) -> dict:
     """The glued ``preregistered_contrasts``, checked: the labels of ``predicted`` in its order, each
-    with its predicted direction, a finite ordered interval, a side and ``seeds`` seeds."""
+    with its predicted direction, a finite ordered interval, a side and ``seeds`` seeds; and each
+    label of ``same_as`` with the same interval as the glued value it names, the one the chapter's
+    other tables and verdicts print."""
     records = glue["preregistered_contrasts"]
     assert list(records) == list(predicted)
     for label, r in records.items():
@@ -77,6 +80,8 @@ def preregistered(glue: dict, predicted: dict[str, str], seeds: int) -> dict:
         assert all(math.isfinite(r[k]) for k in ("estimate", "low", "high")), label
         assert r["low"] <= r["estimate"] <= r["high"], label
         assert r["side"] in (-1, 0, 1) and r["seeds"] == seeds, label
+    for label, name in (same_as or {}).items():
+        assert glued_interval(records[label]) == glue[name], label
     return records
 
 

@@ -5,7 +5,7 @@ training went."""
 
 import pytest
 
-from tests.notebooks.harness import glued_interval, interval, preregistered
+from tests.notebooks.harness import interval, preregistered
 from tests.notebooks.test_verdicts import old_verdicts
 
 NOTEBOOK = "12c_safety"
@@ -57,8 +57,6 @@ PREREGISTERED_AT_SMOKE = {
 
 
 def test_the_preregistered_contrasts_are_glued_with_their_predictions(glue):
-    records = preregistered(glue, PREREGISTERED_AT_SMOKE, seeds=len(glue["safe_seeds"]))
-    # the same intervals as the page's other glued values
-    for label, name in (("refuse − the start", "safe_diff_refuse_start_violation_free"),
-                        ("take back − the start", "safe_diff_take_back_start_violation_free")):
-        assert glued_interval(records[label]) == glue[name], label
+    preregistered(glue, PREREGISTERED_AT_SMOKE, seeds=len(glue["safe_seeds"]), same_as={
+        "refuse − the start": "safe_diff_refuse_start_violation_free",
+        "take back − the start": "safe_diff_take_back_start_violation_free"})

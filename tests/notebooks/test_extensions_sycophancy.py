@@ -4,7 +4,7 @@ Values that hold by construction are asserted, not outcomes that depend on how t
 
 import pytest
 
-from tests.notebooks.harness import glued_interval, preregistered
+from tests.notebooks.harness import preregistered
 from tests.notebooks.test_verdicts import old_verdicts
 
 NOTEBOOK = "12b_sycophancy"
@@ -62,8 +62,6 @@ PREREGISTERED_AT_SMOKE = {
 
 
 def test_the_preregistered_contrasts_are_glued_with_their_predictions(glue):
-    records = preregistered(glue, PREREGISTERED_AT_SMOKE, seeds=len(glue["syc_seeds"]))
-    # the same intervals as the page's other glued values
-    for label, name in (("RLVR − RLHF with agreeable raters", "syc_rlvr_vs_agreeable"),
-                        ("RLHF with agreeable raters − SFT", "syc_agree_vs_sft_agreeable")):
-        assert glued_interval(records[label]) == glue[name], label
+    preregistered(glue, PREREGISTERED_AT_SMOKE, seeds=len(glue["syc_seeds"]), same_as={
+        "RLVR − RLHF with agreeable raters": "syc_rlvr_vs_agreeable",
+        "RLHF with agreeable raters − SFT": "syc_agree_vs_sft_agreeable"})

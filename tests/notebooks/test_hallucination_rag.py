@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from tests.notebooks.harness import glued_interval, preregistered
+from tests.notebooks.harness import preregistered
 from tests.notebooks.test_verdicts import old_verdicts
 
 NOTEBOOK = "11_hallucination_rag"
@@ -146,8 +146,7 @@ PREREGISTERED = {"SFT: τ = 1.5 − greedy": "higher", "DPO − SFT": "lower", "
 
 
 def test_the_preregistered_contrasts_are_glued_with_their_predictions(glue):
-    records = preregistered(glue, PREREGISTERED, seeds=len(glue["hall_seeds"]))
     # the records are the intervals the chapter's other glued values and verdicts come from
-    assert glued_interval(records["DPO − SFT"]) == glue["hall_dpo_minus_sft_hard"]
-    assert glued_interval(records["RLVR − DPO"]) == glue["hall_rlvr_minus_dpo_hard"]
-    assert glued_interval(records["SFT: τ = 1.5 − greedy"]) == glue["hall_decode_sft_tau15_minus_greedy_wrong"]
+    preregistered(glue, PREREGISTERED, seeds=len(glue["hall_seeds"]), same_as={
+        "DPO − SFT": "hall_dpo_minus_sft_hard", "RLVR − DPO": "hall_rlvr_minus_dpo_hard",
+        "SFT: τ = 1.5 − greedy": "hall_decode_sft_tau15_minus_greedy_wrong"})
