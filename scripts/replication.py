@@ -1,21 +1,28 @@
-"""Write book/results/replication.md from two full-scale runs of chapters 8-12 in one code state.
+"""Keep second full-scale runs of chapters 8-12, and write book/results/replication.md from them.
 
 Each chapter glues its pre-registered contrasts (``preregistered_contrasts``,
-:func:`halluc_lab.book.replication.records`). Give the two folders of executed notebooks that
-``scripts/reproduce.py --scale full --out DIR`` wrote, the first being the run whose outputs are
-committed, and this sets every pre-registered verdict of the two runs side by side:
+:func:`halluc_lab.book.replication.records`). The committed notebook is a chapter's first run. A
+second run -- another GPU model, or another set of seeds -- is kept in
+``book/results/replication_runs.json``: its records, device, seeds and the digest of the code its
+models were trained with (the footer's ``run_code``). The page sets the two side by side:
 
-    python scripts/replication.py _build/runs/h200 _build/runs/h100            # two GPU models
-    python scripts/replication.py _build/runs/seeds0 _build/runs/seeds8           # two seed sets
-    python scripts/replication.py RUN1 RUN2 --only 10b_fair_test     # the chapters run twice so far
+    python scripts/reproduce.py --scale full --only 12b_sycophancy --seeds 8 9 10 11 12 13 14 15 \\
+        --out _build/runs/seeds8 --no-book
+    python scripts/replication.py keep _build/runs/seeds8 --only 12b_sycophancy   # into the json
+    python scripts/replication.py page                                            # the page
 
-A verdict is stable where both runs resolve it the same way; the page says which cards and which
-seeds each run used, as the runs recorded them.
+``keep`` refuses a run made at another code state than the committed notebook (its ``run_code``
+differs) and a run on the same GPU model that shares a seed with it: neither is a replication.
+``page`` compares only the kept runs whose code digest is the committed notebook's; a chapter
+re-run since (its footer moved) is listed as not yet run twice in this code state. A verdict is
+stable where both runs resolve it the same way; each run keeps its own interval.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import sys
 from pathlib import Path
 
@@ -31,6 +38,9 @@ from halluc_lab.book.replication import (DIFFERS, GLUE_NAME, STABLE, compare,  #
 CHAPTERS = ("08_sft", "09_preference", "10_rlvr_backtracking", "10b_fair_test",
             "11_hallucination_rag", "12a_continual_learning", "12b_sycophancy", "12c_safety",
             "12d_vision", "12e_icl_cot")
+NOTEBOOKS = ROOT / "notebooks"
+KEPT = ROOT / "book" / "results" / "replication_runs.json"
+PAGE = ROOT / "book" / "results" / "replication.md"
 
 
 def seeds_used(nb, glued: dict) -> list[int] | None:
@@ -44,22 +54,67 @@ def seeds_used(nb, glued: dict) -> list[int] | None:
     return list(lists.pop()) if len(lists) == 1 else None
 
 
-def describe(run) -> str:
-    """The run's device(s) and seeds, as its notebooks recorded them (``run``: a (notebook, its
-    glue) pair per chapter)."""
-    devices, seeds = set(), set()
-    for nb, glued in run:
-        devices.add(str(nb.metadata.get("halluc_lab", {}).get("device", "?")))
-        chosen = seeds_used(nb, glued)
-        seeds.add("the chapter's default seeds" if chosen is None else
-                  "seeds " + ", ".join(map(str, chosen)))
-    return f"{' / '.join(sorted(devices))}; {' / '.join(sorted(seeds))}"
+def code_digest(glued: dict) -> str | None:
+    """A digest of the code a run's models were trained with: its footer's ``run_code`` (the hash
+    of every module its recipe keys cover), or None for a run whose footer glued none."""
+    code = glued.get("run_code")
+    if code is None:
+        return None
+    return hashlib.sha256(json.dumps(code, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def read_run(folder: Path, stems) -> list[tuple]:
-    """Each chapter's executed notebook in ``folder`` and its glue, read once."""
-    return [(nb, read_glue(nb)) for nb in
-            (nbformat.read(folder / f"{stem}.ipynb", as_version=4) for stem in stems)]
+def run_of(nb, glued: dict) -> dict:
+    """What the page needs of one chapter's run: device, seeds, date, code digest, records."""
+    meta = nb.metadata.get("halluc_lab", {})
+    return {"device": str(meta.get("device", "?")), "seeds": seeds_used(nb, glued),
+            "date": meta.get("date"), "code": code_digest(glued), "records": glued[GLUE_NAME]}
+
+
+def read_chapter(folder: Path, stem: str) -> dict:
+    """The run of ``stem`` in ``folder`` (an executed notebook with its records)."""
+    path = folder / f"{stem}.ipynb"
+    if not path.exists():
+        raise SystemExit(f"missing run: {path}")
+    nb = nbformat.read(path, as_version=4)
+    glued = read_glue(nb)
+    if GLUE_NAME not in glued:
+        raise SystemExit(f"{path}: no glued {GLUE_NAME}")
+    if glued.get("run_scale", nb.metadata.get("halluc_lab", {}).get("scale")) != "full":
+        raise SystemExit(f"{path}: not a full-scale run")
+    return run_of(nb, glued)
+
+
+def load(path: Path = KEPT) -> dict:
+    """The kept second runs, chapter -> run (empty when none is kept yet)."""
+    return json.loads(path.read_text())["second_runs"] if path.exists() else {}
+
+
+def keep(folder: Path, stems, notebooks: Path = NOTEBOOKS, path: Path = KEPT) -> list[str]:
+    """Keep the runs of ``stems`` in ``folder`` as those chapters' second runs; returns what was
+    kept. Each must be of the committed notebook's code state and, on the same GPU model, of
+    seeds the committed run did not use."""
+    kept, said = load(path), []
+    for stem in stems:
+        run, first = read_chapter(folder, stem), read_chapter(notebooks, stem)
+        if run["code"] is None or run["code"] != first["code"]:
+            raise SystemExit(f"{stem}: the run's code ({run['code']}) is not the committed "
+                             f"notebook's ({first['code']}); run both in one code state")
+        shared = set(run["seeds"] or ()) & set(first["seeds"] or ())
+        if run["device"] == first["device"] and (shared or run["seeds"] is None):
+            raise SystemExit(f"{stem}: same GPU model and seeds {sorted(shared) or 'unknown'} in "
+                             "both runs: the same draw of the training noise, not a replication")
+        kept[stem] = run
+        said.append(f"{stem}: {run['device']}, seeds {run['seeds']}")
+    path.write_text(json.dumps({"second_runs": dict(sorted(kept.items()))}, indent=1,
+                               ensure_ascii=False) + "\n")
+    return said
+
+
+def _described(runs) -> str:
+    devices = sorted({r["device"] for r in runs})
+    seeds = sorted({"the chapter's default seeds" if r["seeds"] is None else
+                    "seeds " + ", ".join(map(str, r["seeds"])) for r in runs})
+    return f"{' / '.join(devices)}; {' / '.join(seeds)}"
 
 
 def title(nb, stem: str) -> str:
@@ -69,59 +124,73 @@ def title(nb, stem: str) -> str:
     return f"{heads[0]} (`{stem}`)" if heads else f"`{stem}`"
 
 
-def page(first: Path, second: Path, stems=CHAPTERS) -> str:
-    """The replication page's Markdown, over the chapters ``stems`` (the others are named as not
-    yet run twice)."""
-    unknown = [s for s in stems if s not in CHAPTERS]
-    if unknown or not stems:
-        raise SystemExit(f"chapters must be some of {CHAPTERS}, got {list(stems)}")
-    missing = [f"{d}/{s}.ipynb" for d in (first, second) for s in stems
-               if not (d / f"{s}.ipynb").exists()]
-    if missing:
-        raise SystemExit(f"missing runs: {missing}")
-    runs = [read_run(d, stems) for d in (first, second)]
-    a_name, b_name = describe(runs[0]), describe(runs[1])
-    parts, counts = [], {STABLE: 0, DIFFERS: 0, "all": 0}
-    for i, stem in enumerate(stems):
-        glued = [run[i][1] for run in runs]
-        absent = [str(d) for d, g in zip((first, second), glued) if GLUE_NAME not in g]
-        if absent:
-            raise SystemExit(f"{stem}: no glued {GLUE_NAME} in the runs in {absent}")
-        rows = compare(glued[0][GLUE_NAME], glued[1][GLUE_NAME])
+def page(notebooks: Path = NOTEBOOKS, path: Path = KEPT) -> str:
+    """The replication page's Markdown: every chapter whose kept second run is of its committed
+    notebook's code state, its verdicts beside the committed run's."""
+    kept = load(path)
+    unknown = sorted(set(kept) - set(CHAPTERS))
+    if unknown:
+        raise SystemExit(f"{path}: chapters must be some of {CHAPTERS}, got {unknown}")
+    parts, firsts, seconds, shown, older = [], [], [], [], []
+    counts = {STABLE: 0, DIFFERS: 0, "all": 0}
+    for stem in CHAPTERS:
+        if stem not in kept:
+            continue
+        first, second = read_chapter(notebooks, stem), kept[stem]
+        if first["code"] != second["code"]:
+            older.append(stem)
+            continue
+        rows = compare(first["records"], second["records"])
         counts["all"] += len(rows)
         for r in rows:
             counts[r.status] = counts.get(r.status, 0) + 1
-        parts += [f"## {title(runs[0][i][0], stem)}", "",
-                  table(rows, "first run", "second run"), ""]
-    pending = [s for s in CHAPTERS if s not in stems]
+        firsts.append(first)
+        seconds.append(second)
+        shown.append(stem)
+        nb = nbformat.read(notebooks / f"{stem}.ipynb", as_version=4)
+        parts += [f"## {title(nb, stem)}", "", table(rows, "first run", "second run"), ""]
+    if not shown:
+        raise SystemExit("no chapter has a kept second run of its committed code state")
+    pending = [s for s in CHAPTERS if s not in shown]
     head = [
         "# Replication: the pre-registered verdicts of chapters 8–12 in two full runs", "",
         "Same seed, same code and the same GPU model give the same bits: that is reproducibility. "
         "The same conclusion from a fresh draw of the training noise — another GPU model, or "
         "another set of seeds — is replication, and the book calls a verdict *stable* only where "
         "both runs resolve it the same way. Each run keeps its own interval (a t-interval over the "
-        "per-seed means of the paired differences); nothing here pools the two runs.", "",
-        f"- **first run** (the committed outputs): {a_name}",
-        f"- **second run**: {b_name}", "",
+        "per-seed means of the paired differences); nothing here pools the two runs. Each "
+        "chapter's second run was made in the code state of its committed notebook (the same "
+        "code digest); `scripts/replication.py` writes this page from the committed notebooks "
+        "and the kept second runs (`book/results/replication_runs.json`).", "",
+        f"- **first run** (the committed outputs): {_described(firsts)}",
+        f"- **second run**: {_described(seconds)}", "",
         f"Of {counts['all']} pre-registered verdicts, {counts[STABLE]} are stable and "
         f"{counts[DIFFERS]} differ between the runs; the rest are not resolved in either run.", "",
     ] + ([f"Not yet run twice in this code state, so not on this page: "
-          f"{', '.join(f'`{s}`' for s in pending)}. Until they are, no verdict of theirs is "
-          "called stable.", ""] if pending else [])
+          f"{', '.join(f'`{s}`' for s in pending)}"
+          + (f" (the second runs of {', '.join(f'`{s}`' for s in older)} are of an earlier "
+             "code state)" if older else "")
+          + ". Until they are, no verdict of theirs is called stable.", ""] if pending else [])
     return "\n".join(head + parts)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("first", type=Path, help="the run whose outputs are committed")
-    parser.add_argument("second", type=Path, help="the other run")
-    parser.add_argument("--only", nargs="+", default=list(CHAPTERS), metavar="STEM",
-                        choices=CHAPTERS, help="these chapters alone (default: all of them)")
-    parser.add_argument("--out", type=Path, default=ROOT / "book" / "results" / "replication.md")
+    verbs = parser.add_subparsers(dest="verb", required=True)
+    k = verbs.add_parser("keep", help="keep a folder's runs as their chapters' second runs")
+    k.add_argument("folder", type=Path, help="executed notebooks (scripts/reproduce.py --out)")
+    k.add_argument("--only", nargs="+", required=True, metavar="STEM", choices=CHAPTERS,
+                   help="the chapters of the folder to keep")
+    p = verbs.add_parser("page", help="write the replication page")
+    p.add_argument("--out", type=Path, default=PAGE)
     args = parser.parse_args()
-    args.out.write_text(page(args.first, args.second, tuple(args.only)))
-    print(f"wrote {args.out}")
+    if args.verb == "keep":
+        for line in keep(args.folder, args.only):
+            print(f"kept {line}")
+    else:
+        args.out.write_text(page())
+        print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

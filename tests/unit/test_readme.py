@@ -36,7 +36,8 @@ SKIPPED = [
                                   "set-up check the install"),
     (r"scripts/sweep\.py|^make sweep ", "several smoke runs of chapter 8: minutes"),
     (r"scripts/reproduce\.py --adopt", "adopts full-scale runs, which take a GPU"),
-    (r"scripts/replication\.py", "compares two full-scale runs of chapters 8-12, which take a GPU"),
+    (r"scripts/replication\.py", "keeps full-scale runs (a GPU) and rewrites a committed page "
+                                 "(test_replication checks it)"),
     (r"scripts/reproduce\.py", "re-runs every chapter, at full scale on a GPU"),
     (r"--nnodes=2", "two machines with GPUs"),
     (r"torchrun --nproc_per_node=2 .*--scale full", "two GPUs"),

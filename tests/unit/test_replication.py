@@ -59,40 +59,76 @@ def test_records_and_runs_that_do_not_match_are_refused():
         replication.compare(one, other)
 
 
-def _run(folder: Path, stem: str, contrasts: dict, device: str, seeds, glued_seeds=None):
-    """A notebook as reproduce.py leaves it: the records glued, the run in the metadata (a run
-    given no ``seeds`` records none; ``glued_seeds``: a seed list the chapter glued itself)."""
+def _run(folder: Path, stem: str, contrasts: dict, device: str, seeds, glued_seeds=None,
+         code: str = "one code state"):
+    """A notebook as reproduce.py leaves it: the records and the footer's run glued, the run in the
+    metadata (a run given no ``seeds`` records none; ``glued_seeds``: a seed list the chapter glued
+    itself; ``code``: stands for the module hashes its footer glued)."""
     folder.mkdir(exist_ok=True)
     record = replication.records(contrasts, {k: PREDICTED[k] for k in contrasts})
     nb = nbformat.v4.new_notebook()
     cell = nbformat.v4.new_code_cell("", execution_count=1)
-    glued = {replication.GLUE_NAME: record} | ({"x_seeds": glued_seeds} if glued_seeds else {})
+    glued = {replication.GLUE_NAME: record, "run_scale": "full",
+             "run_code": {"modules": {"m": code}}}
+    glued |= {"x_seeds": glued_seeds} if glued_seeds else {}
     cell.outputs = [nbformat.v4.new_output(
         "display_data", data={"text/plain": repr(value)},
         metadata={"scrapbook": {"name": name, "mime_prefix": ""}}) for name, value in glued.items()]
-    nb.cells = [cell]
+    nb.cells = [nbformat.v4.new_markdown_cell("# 8 · SFT"), cell]
     parameters = {"scale": "full", "seed": 0} | ({"seeds": seeds} if seeds is not None else {})
     nb.metadata["halluc_lab"] = {"device": device, "parameters": parameters}
     nbformat.write(nb, folder / f"{stem}.ipynb")
 
 
-def test_the_page_sets_two_glued_runs_side_by_side_and_counts_from_the_numbers(tmp_path):
-    _run(tmp_path / "a", "08_sft", {"a": UP, "b": DOWN}, "cuda (NVIDIA H200)", list(range(8)))
-    _run(tmp_path / "b", "08_sft", {"a": UP, "b": FLAT}, "cuda (NVIDIA H200)", list(range(8, 16)))
-    text = page_script.page(tmp_path / "a", tmp_path / "b", stems=("08_sft",))
-    assert "seeds 0, 1, 2, 3, 4, 5, 6, 7" in text and "seeds 8, 9" in text
+H200, H100 = "cuda (NVIDIA H200)", "cuda (NVIDIA H100)"
+
+
+def test_the_page_sets_a_kept_second_run_beside_the_committed_one(tmp_path):
+    kept = tmp_path / "runs.json"
+    _run(tmp_path / "nb", "08_sft", {"a": UP, "b": DOWN}, H200, list(range(8)))
+    _run(tmp_path / "b", "08_sft", {"a": UP, "b": FLAT}, H200, list(range(8, 16)))
+    with pytest.raises(SystemExit, match="no chapter has a kept second run"):
+        page_script.page(tmp_path / "nb", kept)
+    assert page_script.keep(tmp_path / "b", ["08_sft"], tmp_path / "nb", kept) == [
+        f"08_sft: {H200}, seeds {list(range(8, 16))}"]
+    text = page_script.page(tmp_path / "nb", kept)
+    assert f"first run** (the committed outputs): {H200}; seeds 0, 1, 2, 3, 4, 5, 6, 7" in text
+    assert f"second run**: {H200}; seeds 8, 9" in text and "## 8 · SFT (`08_sft`)" in text
     assert "Of 2 pre-registered verdicts, 1 are stable and 1 differ" in text
     assert "Not yet run twice" in text and "`09_preference`" in text and "`08_sft`," not in text
-    with pytest.raises(SystemExit, match="must be some of"):
-        page_script.page(tmp_path / "a", tmp_path / "b", stems=("08_sfts",))
-    with pytest.raises(SystemExit, match="missing runs"):
-        page_script.page(tmp_path / "a", tmp_path / "b", stems=("09_preference",))
+    # the chapter re-run in a new code state: its kept run no longer counts
+    _run(tmp_path / "nb", "08_sft", {"a": UP, "b": DOWN}, H200, list(range(8)), code="the next")
+    with pytest.raises(SystemExit, match="no chapter has a kept second run of its committed code"):
+        page_script.page(tmp_path / "nb", kept)
+
+
+def test_a_second_run_of_another_code_state_or_the_same_draw_is_refused(tmp_path):
+    kept = tmp_path / "runs.json"
+    _run(tmp_path / "nb", "08_sft", {"a": UP}, H200, list(range(8)))
+    _run(tmp_path / "code", "08_sft", {"a": UP}, H200, list(range(8, 16)), code="another")
+    with pytest.raises(SystemExit, match="is not the committed notebook's"):
+        page_script.keep(tmp_path / "code", ["08_sft"], tmp_path / "nb", kept)
+    _run(tmp_path / "same", "08_sft", {"a": UP}, H200, list(range(4, 12)))
+    with pytest.raises(SystemExit, match="not a replication"):
+        page_script.keep(tmp_path / "same", ["08_sft"], tmp_path / "nb", kept)
+    with pytest.raises(SystemExit, match="missing run"):
+        page_script.keep(tmp_path / "same", ["09_preference"], tmp_path / "nb", kept)
+    assert not kept.exists()
+    _run(tmp_path / "h100", "08_sft", {"a": UP}, H100, list(range(8)))  # same seeds, another card
+    page_script.keep(tmp_path / "h100", ["08_sft"], tmp_path / "nb", kept)
+    assert page_script.load(kept)["08_sft"]["device"] == H100
 
 
 def test_a_run_on_its_default_seeds_is_described_by_the_seeds_it_glued(tmp_path):
-    _run(tmp_path / "a", "08_sft", {"a": UP}, "cuda (NVIDIA H200)", None, glued_seeds=[0, 1, 2])
-    _run(tmp_path / "b", "08_sft", {"a": UP}, "cuda (NVIDIA H100)", None)
-    a, b = (page_script.read_run(tmp_path / d, ("08_sft",)) for d in "ab")
-    assert page_script.describe(a) == "cuda (NVIDIA H200); seeds 0, 1, 2"
-    assert page_script.describe(b) == (
-        "cuda (NVIDIA H100); the chapter's default seeds")
+    _run(tmp_path / "a", "08_sft", {"a": UP}, H200, None, glued_seeds=[0, 1, 2])
+    _run(tmp_path / "b", "08_sft", {"a": UP}, H100, None)
+    a, b = (page_script.read_chapter(tmp_path / d, "08_sft") for d in "ab")
+    assert page_script._described([a]) == "cuda (NVIDIA H200); seeds 0, 1, 2"
+    assert page_script._described([b]) == "cuda (NVIDIA H100); the chapter's default seeds"
+
+
+def test_the_committed_page_is_the_one_the_committed_runs_give():
+    """book/results/replication.md is what scripts/replication.py writes from the committed
+    notebooks and the kept second runs: re-running a chapter without re-making the page fails
+    here."""
+    assert (ROOT / "book" / "results" / "replication.md").read_text() == page_script.page()
