@@ -110,7 +110,9 @@ def keep(folder: Path, stems, notebooks: Path = NOTEBOOKS, path: Path = KEPT) ->
     return said
 
 
-def _described(runs) -> str:
+def described(runs) -> str:
+    """The GPU models and seeds of some chapters' runs (each a :func:`run_of` dict), as the page
+    names a run: "cuda (NVIDIA H200); seeds 0, 1, …"."""
     devices = sorted({r["device"] for r in runs})
     seeds = sorted({"the chapter's default seeds" if r["seeds"] is None else
                     "seeds " + ", ".join(map(str, r["seeds"])) for r in runs})
@@ -162,8 +164,8 @@ def page(notebooks: Path = NOTEBOOKS, path: Path = KEPT) -> str:
         "chapter's second run was made in the code state of its committed notebook (the same "
         "code digest); `scripts/replication.py` writes this page from the committed notebooks "
         "and the kept second runs (`book/results/replication_runs.json`).", "",
-        f"- **first run** (the committed outputs): {_described(firsts)}",
-        f"- **second run**: {_described(seconds)}", "",
+        f"- **first run** (the committed outputs): {described(firsts)}",
+        f"- **second run**: {described(seconds)}", "",
         f"Of {counts['all']} pre-registered verdicts, {counts[STABLE]} are stable and "
         f"{counts[DIFFERS]} differ between the runs; the rest are not resolved in either run.", "",
     ] + ([f"Not yet run twice in this code state, so not on this page: "

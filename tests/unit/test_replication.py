@@ -123,8 +123,8 @@ def test_a_run_on_its_default_seeds_is_described_by_the_seeds_it_glued(tmp_path)
     _run(tmp_path / "a", "08_sft", {"a": UP}, H200, None, glued_seeds=[0, 1, 2])
     _run(tmp_path / "b", "08_sft", {"a": UP}, H100, None)
     a, b = (page_script.read_chapter(tmp_path / d, "08_sft") for d in "ab")
-    assert page_script._described([a]) == "cuda (NVIDIA H200); seeds 0, 1, 2"
-    assert page_script._described([b]) == "cuda (NVIDIA H100); the chapter's default seeds"
+    assert page_script.described([a]) == "cuda (NVIDIA H200); seeds 0, 1, 2"
+    assert page_script.described([b]) == "cuda (NVIDIA H100); the chapter's default seeds"
 
 
 def test_the_committed_page_is_the_one_the_committed_runs_give():
