@@ -70,8 +70,9 @@ def run_of(nb, glued: dict) -> dict:
             "date": meta.get("date"), "code": code_digest(glued), "records": glued[GLUE_NAME]}
 
 
-def read_chapter(folder: Path, stem: str) -> dict:
-    """The run of ``stem`` in ``folder`` (an executed notebook with its records)."""
+def read_notebook(folder: Path, stem: str) -> tuple:
+    """The executed notebook of ``stem`` in ``folder`` and its glue, checked to be a full-scale
+    run with its records."""
     path = folder / f"{stem}.ipynb"
     if not path.exists():
         raise SystemExit(f"missing run: {path}")
@@ -81,7 +82,12 @@ def read_chapter(folder: Path, stem: str) -> dict:
         raise SystemExit(f"{path}: no glued {GLUE_NAME}")
     if glued.get("run_scale", nb.metadata.get("halluc_lab", {}).get("scale")) != "full":
         raise SystemExit(f"{path}: not a full-scale run")
-    return run_of(nb, glued)
+    return nb, glued
+
+
+def read_chapter(folder: Path, stem: str) -> dict:
+    """The run of ``stem`` in ``folder``, as :func:`run_of` gives it."""
+    return run_of(*read_notebook(folder, stem))
 
 
 def load(path: Path = KEPT) -> dict:
@@ -138,7 +144,8 @@ def page(notebooks: Path = NOTEBOOKS, path: Path = KEPT) -> str:
     for stem in CHAPTERS:
         if stem not in kept:
             continue
-        first, second = read_chapter(notebooks, stem), kept[stem]
+        nb, glued = read_notebook(notebooks, stem)
+        first, second = run_of(nb, glued), kept[stem]
         if first["code"] != second["code"]:
             older.append(stem)
             continue
@@ -149,7 +156,6 @@ def page(notebooks: Path = NOTEBOOKS, path: Path = KEPT) -> str:
         firsts.append(first)
         seconds.append(second)
         shown.append(stem)
-        nb = nbformat.read(notebooks / f"{stem}.ipynb", as_version=4)
         parts += [f"## {title(nb, stem)}", "", table(rows, "first run", "second run"), ""]
     if not shown:
         raise SystemExit("no chapter has a kept second run of its committed code state")
