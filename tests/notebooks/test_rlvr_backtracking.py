@@ -7,6 +7,8 @@ import math
 
 import pytest
 
+from halluc_lab.tasks.kb_walk import HARD_KINDS, KINDS
+from tests.notebooks.harness import preregistered
 from tests.notebooks.test_verdicts import old_verdicts
 
 NOTEBOOK = "10_rlvr_backtracking"
@@ -110,7 +112,7 @@ def test_rl_raises_the_smoke_reward_of_every_rlvr_arm(glue):
 
 
 def test_evaluation_sets_hold_distinct_prompts(glue):
-    assert glue["rlvr_seeds"] == [0]  # the CPU trains one seed; the code path is that of three
+    assert glue["rlvr_seeds"] == [0]  # the CPU trains one seed; the code path is that of eight
     assert glue["rlvr_kb_walk_held-out_n"] == glue["rlvr_kb_walk_held-out_distinct"] >= 50
     assert glue["rlvr_kb_walk_longer_n"] == glue["rlvr_kb_walk_longer_distinct"] >= 20
 
@@ -146,3 +148,23 @@ def test_the_exercises_solutions(glue):
     assert glue["rlvr_ex_rows"] == 3 and glue["rlvr_ex_targets"] == 6
     ratio = glue["rlvr_ex_length_ratio"]
     assert abs(ratio["GRPO"] - 4.0) < 1e-6 and abs(ratio["Dr. GRPO"] - 1.0) < 1e-6 and abs(ratio["DAPO"] - 1.0) < 1e-6
+
+
+# The opening's pre-registered contrasts (contrasts 7 and 8 of the fair test's list), in its order, each glued
+# under the same interval the chapter's comparisons print.
+PREDICTED = {"7 · kb_walk: RLVR + bksp − the same start, <bksp> masked during RL": "not resolved",
+             "8 · kb_walk: own-errors SFT, gold also a direct target − corrections SFT": "not resolved"}
+SAME_AS = dict(zip(PREDICTED, ("rlvr_kb_walk_RLVR_bksp_greedy_vs_RLVR_bksp_masked_in_RL_greedy_bksp_masked_wrong",
+                               "rlvr_kb_walk_SFT_own_errors_direct_greedy_vs_SFT_corrections_greedy_wrong")))
+
+
+def test_the_preregistered_contrasts_are_glued_with_their_predictions(glue):
+    records = preregistered(glue, PREDICTED, seeds=1, same_as=SAME_AS)  # one seed at smoke: the bootstrap
+    assert all(r["method"] == "bootstrap" for r in records.values())
+
+
+def test_the_hard_split_is_kb_walks_evaluation_only_chains(glue):
+    kinds = glue["rlvr_kb_walk_kinds"]
+    assert set(kinds) <= set(KINDS)
+    assert sum(kinds.values()) == glue["rlvr_kb_walk_held-out_n"]
+    assert sum(kinds.get(k, 0) for k in HARD_KINDS) > 0  # the pre-registered contrasts read these chains
