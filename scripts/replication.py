@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 from halluc_lab.book.notebook import read_glue  # noqa: E402
 from halluc_lab.book.replication import (DIFFERS, GLUE_NAME, STABLE, compare,  # noqa: E402
-                                         table)
+                                         per_seed_table, table)
 
 CHAPTERS = ("08_sft", "09_preference", "10_rlvr_backtracking", "10b_fair_test",
             "11_hallucination_rag", "12a_continual_learning", "12b_sycophancy", "12c_safety",
@@ -156,7 +156,11 @@ def page(notebooks: Path = NOTEBOOKS, path: Path = KEPT) -> str:
         firsts.append(first)
         seconds.append(second)
         shown.append(stem)
-        parts += [f"## {title(nb, stem)}", "", table(rows, "first run", "second run"), ""]
+        parts += [f"## {title(nb, stem)}", "", table(rows, "first run", "second run"), "",
+                  "Each seed's paired difference, the values each run's interval is made from:", "",
+                  per_seed_table(rows, "first run", "second run"), ""]
+        if second.get("note"):  # how a second run was kept, where not whole
+            parts += [f"The second run was {second['note']}.", ""]
     if not shown:
         raise SystemExit("no chapter has a kept second run of its committed code state")
     pending = [s for s in CHAPTERS if s not in shown]

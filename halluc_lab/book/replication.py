@@ -88,6 +88,19 @@ def _cell(record: dict) -> str:
             f"[{record['low']:+.3f}, {record['high']:+.3f}]{seeds})")
 
 
+def _seeds(record: dict) -> str:
+    values = record.get("per_seed") or ()
+    return " ".join(f"{v:+.3f}" for v in values) if values else "not kept"
+
+
+def per_seed_table(rows: list[Replicated], first: str, second: str) -> str:
+    """A Markdown table of each contrast's per-seed paired differences in the two runs, the values
+    each run's t-interval is made from ("not kept" where a run's record lacks them)."""
+    lines = [f"| contrast | {first}, per seed | {second}, per seed |", "|---|---|---|"]
+    lines += [f"| {r.label} | {_seeds(r.first)} | {_seeds(r.second)} |" for r in rows]
+    return "\n".join(lines)
+
+
 def table(rows: list[Replicated], first: str, second: str) -> str:
     """A Markdown table: contrast, prediction, each run's verdict with its interval, and whether
     it is stable (``first``/``second``: the runs' names, e.g. "H200, seeds 0–7")."""

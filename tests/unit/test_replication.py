@@ -36,6 +36,11 @@ def test_a_verdict_is_stable_only_where_both_runs_resolve_it_the_same_way():
     text = replication.table(rows, "H200", "H100")
     assert "| a | higher | higher (+0.100 [+0.020, +0.180]; t, 8 seeds) |" in text
     assert "stable, as predicted" in text and "| differs |" in text
+    seeds = replication.per_seed_table(rows, "H200", "H100")
+    assert "| a | " + " ".join(["+0.100"] * 8) + " | " + " ".join(["+0.100"] * 8) + " |" in seeds
+    first["c"]["per_seed"] = []  # a run kept without its seeds' values says so
+    assert "| c | not kept | " + " ".join(["+0.010"] * 8) + " |" in replication.per_seed_table(
+        replication.compare(first, second), "H200", "H100")
 
 
 def test_a_contrast_registered_without_a_direction_replicates_but_is_never_as_predicted():
