@@ -195,8 +195,7 @@ def _train_chains(groups: list[list[Recipe]], device: str, dtype: torch.dtype,
                   gpu: int | None = None, threads: int | None = None, measure=None) -> None:
     """Worker: load (train if needed) each chain's recipes in order, deterministic kernels on, and
     record ``measure`` of each (:func:`measured`) if given; ``gpu``: the index of the GPU that
-    ``"cuda"`` means in this process; ``threads``: the CPU threads of the process that asked (they
-    are in a CPU recipe's key, so the worker trains the model that process would)."""
+    ``"cuda"`` means in this process; ``threads``: its CPU threads (:func:`worker_threads`)."""
     from halluc_lab.device import set_deterministic
 
     if gpu is not None:
@@ -214,6 +213,20 @@ def _train_chains(groups: list[list[Recipe]], device: str, dtype: torch.dtype,
 
 def _root(recipe: Recipe) -> Recipe:
     return recipe.pretraining
+
+
+def worker_threads(device: torch.device | str, workers: int) -> int:
+    """CPU threads for each of ``workers`` training processes on ``device``.
+
+    On a CPU, this process's count: it is in a CPU recipe's key, so a worker must train with it.
+    On a GPU the key holds the GPU model, not the threads, and each worker gets its share of this
+    process's threads: spawned workers that each took every core (torch's default) kept a 64-core
+    host with four GPUs at a load average of 600, the GPUs idle."""
+    if not isinstance(workers, int) or workers < 1:
+        raise ValueError(f"workers must be an int >= 1, got {workers!r}")
+    if torch.device(device).type == "cpu":
+        return torch.get_num_threads()
+    return max(1, torch.get_num_threads() // workers)
 
 
 def prefetch(recipes: Sequence[Recipe], device: torch.device | str,
@@ -248,7 +261,7 @@ def prefetch(recipes: Sequence[Recipe], device: torch.device | str,
         return
     ctx = multiprocessing.get_context("spawn")  # CUDA cannot be used in a forked child
     gpus = torch.cuda.device_count() if device.type == "cuda" and device.index is None else 0
-    threads = torch.get_num_threads() if device.type == "cpu" else None
+    threads = worker_threads(device, min(n, len(groups)))
     with ctx.Pool(min(n, len(groups))) as pool:
         pool.starmap(_train_chains, [(groups[i::n], str(device), dtype,
                                       i % gpus if gpus > 1 else None, threads, measure)

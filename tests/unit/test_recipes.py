@@ -801,3 +801,12 @@ def test_a_recipes_seconds_count_its_own_training_not_its_parents(cache, monkeyp
     monkeypatch.setattr(type(r.stage), "fit", fit)
     trained = recipes.load_recipe(r, "cpu")
     assert trained.seconds == 5.0
+
+
+def test_prefetch_workers_share_the_threads_on_a_gpu_and_keep_them_on_a_cpu():
+    threads = torch.get_num_threads()
+    assert recipes.worker_threads("cpu", 4) == threads  # a CPU recipe's key holds its thread count
+    assert recipes.worker_threads("cuda", 4) == max(1, threads // 4)  # torch.device needs no GPU
+    assert recipes.worker_threads(torch.device("cuda", 1), 10 * threads) == 1
+    with pytest.raises(ValueError, match="workers"):
+        recipes.worker_threads("cuda", 0)

@@ -2,6 +2,7 @@
 real two-at-once run of a tiny fixture notebook with papermill."""
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -44,6 +45,7 @@ def fixture_chapters(folder: Path, seconds: dict[str, float]) -> Path:
 def test_a_concurrent_run_starts_the_longest_first_and_hands_out_the_gpus_in_turn(tmp_path, monkeypatch):
     notebooks = fixture_chapters(tmp_path / "nb", {"short": 1.0, "long": 50.0, "middle": 7.0})
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,6")  # never opened: the fixture imports no CUDA
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     out = tmp_path / "runs"
     out.mkdir()
     times, failed = reproduce.run_all(["short", "long", "middle"], out, "smoke", 3, jobs=2, notebooks=notebooks)
@@ -56,11 +58,14 @@ def test_a_concurrent_run_starts_the_longest_first_and_hands_out_the_gpus_in_tur
         assert meta["parameters"] == {"scale": "smoke", "seed": 3} and meta["chapters_at_once"] == 2
         assert meta["seed"] == 3 and not any("injected-parameters" in c.metadata.get("tags", []) for c in nb.cells)
         gpus[stem] = read_glue(nb)["gpus"]
+        # each kernel gets half the cores, not all of them each (torch's default)
+        assert read_glue(nb)["threads"] == str(max(1, os.cpu_count() // 2))
     assert gpus == {"long": "4,6", "middle": "6,4", "short": "4,6"}  # started in that order
 
 
 @pytest.mark.slow
-def test_a_failed_chapter_is_reported_and_the_others_still_run_one_at_a_time_too(tmp_path):
+def test_a_failed_chapter_is_reported_and_the_others_still_run_one_at_a_time_too(tmp_path, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")  # a count the caller set is kept
     notebooks = fixture_chapters(tmp_path / "nb", {"fine": 1.0, "broken": 2.0})
     nb = nbformat.read(notebooks / "broken.ipynb", as_version=4)
     nb.cells.append(nbformat.v4.new_code_cell('raise ValueError("no such model")'))
@@ -69,7 +74,8 @@ def test_a_failed_chapter_is_reported_and_the_others_still_run_one_at_a_time_too
     out.mkdir()
     times, failed = reproduce.run_all(["broken", "fine"], out, "smoke", 0, jobs=1, notebooks=notebooks)
     assert failed == ["broken"] and list(times) == ["fine"]
-    assert "chapters_at_once" not in nbformat.read(out / "fine.ipynb", as_version=4).metadata["halluc_lab"]
+    fine = nbformat.read(out / "fine.ipynb", as_version=4)
+    assert "chapters_at_once" not in fine.metadata["halluc_lab"] and read_glue(fine)["threads"] == "3"
 
 
 def test_a_run_prints_no_kernel_transport_warning(tmp_path, capfd):
