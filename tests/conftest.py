@@ -56,10 +56,40 @@ def _report_stale_footers(terminalreporter):
             terminalreporter.write_line(f"{stem}: {', '.join(m.removeprefix('halluc_lab.') for m in moved)}")
 
 
+def nbval_checks_outputs(path: Path) -> bool:
+    """Whether nbval compares any cell of the notebook at ``path`` with its committed output under
+    ``--nbval-lax``: a code cell marked ``# NBVAL_CHECK_OUTPUT`` or tagged ``nbval-check-output``
+    (read with nbval's own marker parsers)."""
+    import nbformat
+    from nbval.plugin import find_comment_markers, find_metadata_tags
+
+    nb = nbformat.read(path, as_version=4)
+    return any(dict([*find_comment_markers(c.source), *find_metadata_tags(c.metadata)]).get("check")
+               for c in nb.cells if c.cell_type == "code")
+
+
+def nbval_repeats_smoke_run(path: Path, cuda: bool) -> bool:
+    """Whether nbval's run of a chapter notebook would only repeat its papermill smoke run: no cell of it is
+    compared (:func:`nbval_checks_outputs`), and without CUDA, where its ``scale="auto"`` is the smoke scale the
+    papermill run (``test_smoke_run_is_clean``, which fails on any error or warning) executes it at. On a GPU
+    nbval runs it at full scale, a different run, and keeps it."""
+    return not cuda and path.suffix == ".ipynb" and not nbval_checks_outputs(path)
+
+
 def pytest_collection_modifyitems(config, items):
     import torch
 
-    if torch.cuda.is_available():
+    cuda = torch.cuda.is_available()
+    # nbval's runs that only repeat a papermill smoke run (nbval_repeats_smoke_run) are deselected
+    chapters, repeats = Path(ROOT) / "notebooks", {}
+    for item in items:
+        if item.path.suffix == ".ipynb" and item.path.parent == chapters and item.path not in repeats:
+            repeats[item.path] = nbval_repeats_smoke_run(item.path, cuda)
+    dropped = [item for item in items if repeats.get(item.path)]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = [item for item in items if not repeats.get(item.path)]
+    if cuda:
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")
     for item in items:

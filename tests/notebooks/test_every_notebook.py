@@ -161,3 +161,21 @@ def test_a_chapters_runs_and_readers_share_one_worker(stem):
     units = {work_unit(f"notebooks/{stem}.ipynb::Cell 0"), work_unit(f"{module}::test_x"),
              work_unit(f"tests/notebooks/test_every_notebook.py::test_smoke_run_is_clean[{stem}]")}
     assert len(units) == 1, f"{stem}'s papermill run, nbval run and tests would be split over workers: {units}"
+
+
+def test_nbval_leaves_out_only_the_runs_that_repeat_a_smoke_run(tmp_path):
+    from tests.conftest import nbval_checks_outputs, nbval_repeats_smoke_run
+
+    for stem in STEMS:  # each has its papermill smoke run (test_smoke_run_is_clean)
+        path = NOTEBOOKS / f"{stem}.ipynb"
+        checked = any(c.source.lstrip().startswith("# NBVAL_CHECK_OUTPUT") for c in _code_cells(
+            nbformat.read(path, as_version=4)))
+        assert nbval_checks_outputs(path) == checked, stem
+        assert nbval_repeats_smoke_run(path, cuda=False) == (not checked), stem
+        assert not nbval_repeats_smoke_run(path, cuda=True), stem  # full scale on a GPU: a run of its own
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x = 1")])
+    nbformat.write(nb, tmp_path / "plain.ipynb")
+    assert nbval_repeats_smoke_run(tmp_path / "plain.ipynb", cuda=False)
+    nb.cells.append(nbformat.v4.new_code_cell("x", metadata={"tags": ["nbval-check-output"]}))
+    nbformat.write(nb, tmp_path / "tagged.ipynb")
+    assert not nbval_repeats_smoke_run(tmp_path / "tagged.ipynb", cuda=False)
