@@ -221,7 +221,7 @@ def worker_threads(device: torch.device | str, workers: int) -> int:
     On a CPU, this process's count: it is in a CPU recipe's key, so a worker must train with it.
     On a GPU the key holds the GPU model, not the threads, and each worker gets its share of this
     process's threads: spawned workers that each took every core (torch's default) kept a 64-core
-    host with four GPUs at a load average of 600, the GPUs idle."""
+    host with four GPUs at a load average of 600, the GPUs 0-28% busy."""
     if not isinstance(workers, int) or workers < 1:
         raise ValueError(f"workers must be an int >= 1, got {workers!r}")
     if torch.device(device).type == "cpu":
