@@ -132,8 +132,10 @@ def _run_chapter(stem: str, out: Path, scale: str, seed: int, at_once: int, gpus
     """One chapter in a worker process, on the GPUs ``gpus``: (seconds, None) or (None, the error)."""
     if gpus is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = gpus  # the kernel papermill starts inherits it
-    # the kernel's share of the cores (torch takes them all by default; a GPU recipe's key holds no thread count)
-    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // at_once)))
+    if at_once > 1:  # in a worker process: the kernel's share of the cores (torch takes them all by
+        # default; a GPU recipe's key holds no thread count). One chapter alone keeps torch's default,
+        # and the calling process's environment is left as it was.
+        os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // at_once)))
     try:
         return run(stem, out, scale, seed, at_once, notebooks, seeds), None
     except papermill.PapermillExecutionError as err:

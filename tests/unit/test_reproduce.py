@@ -78,6 +78,14 @@ def test_a_failed_chapter_is_reported_and_the_others_still_run_one_at_a_time_too
     assert "chapters_at_once" not in fine.metadata["halluc_lab"] and read_glue(fine)["threads"] == "3"
 
 
+def test_one_chapter_alone_leaves_the_callers_thread_count_unset(tmp_path, monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    notebooks = fixture_chapters(tmp_path / "nb", {"alone": 1.0})
+    seconds, error = reproduce._run_chapter("alone", tmp_path, "smoke", 0, 1, None, notebooks)
+    assert error is None and seconds > 0
+    assert "OMP_NUM_THREADS" not in os.environ
+
+
 def test_a_run_prints_no_kernel_transport_warning(tmp_path, capfd):
     notebooks = fixture_chapters(tmp_path / "nb", {"quiet": 1.0})
     reproduce.run("quiet", tmp_path, "smoke", 0, notebooks=notebooks)
