@@ -38,6 +38,7 @@ from halluc_lab.tasks.base import check_count, completion_symbols
 
 RIGHT, ABSTAIN, WRONG = 1, 0, -1  # outcome codes: C − λW of a code c is c where c ≥ 0, else −λ
 _CODE = {CORRECT: RIGHT, ABSTAINED: ABSTAIN}
+_GRAPHS: dict[tuple, tuple[tuple, tuple]] = {}  # (measure, task type, config) -> its graphs
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,15 @@ class DeadEndsMeasure:
 
     def graphs(self, task) -> tuple[list, list]:
         """(evaluation graphs, learning part): distinct held-out examples outside and inside the
-        task's learning part, in the order drawn."""
+        task's learning part, in the order drawn. Drawn once per process for a task's config (a
+        chapter measures every arm and seed of a world on the same graphs)."""
+        key = (self, type(task), task.config)
+        if key not in _GRAPHS:
+            _GRAPHS[key] = self._draw_graphs(task)
+        evaluation, learning = _GRAPHS[key]
+        return list(evaluation), list(learning)
+
+    def _draw_graphs(self, task) -> tuple[tuple, tuple]:
         drawn = distinct_examples(task, "heldout", 3 * (self.n_eval + self.n_learn),
                                   seed=self.graph_seed)
         evaluation = [e for e in drawn if not task.learning_part(e.prompt)][:self.n_eval]
@@ -70,7 +79,7 @@ class DeadEndsMeasure:
             raise ValueError(f"the task's held-out split gave {len(evaluation)} graphs to evaluate "
                              f"and {len(learning)} in the learning part, fewer than n_eval = "
                              f"{self.n_eval} and n_learn = {self.n_learn}")
-        return evaluation, learning
+        return tuple(evaluation), tuple(learning)
 
     @torch.no_grad()
     def __call__(self, trained) -> dict:

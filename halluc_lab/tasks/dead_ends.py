@@ -180,9 +180,9 @@ class DeadEnds(PathStar):
         return [[centre, *itertools.islice(labels, n)] for n in sizes], goal_arm
 
     def _example(self, arms: list[list[int]], goal_arm: int,
-                 rng: random.Random) -> tuple[Example, str]:
-        ex, key = super()._example(arms, goal_arm, rng)
-        return Example(ex.prompt, self._cut(ex.completion)), key
+                 edges: list[tuple[int, int]]) -> Example:
+        ex = super()._example(arms, goal_arm, edges)
+        return Example(ex.prompt, self._cut(ex.completion))
 
     def _cut(self, path: str) -> str:
         """The path from the centre cut to the answer's ``length`` nodes (all unless never)."""

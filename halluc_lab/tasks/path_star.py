@@ -87,15 +87,13 @@ class PathStar(Task):
                 for i in range(c.degree)]
         return arms, rng.randrange(c.degree)
 
-    def _example(self, arms: list[list[int]], goal_arm: int, rng: random.Random) -> tuple[Example,
-                                                                                          str]:
-        edges = [(a[i], a[i + 1]) for a in arms for i in range(len(a) - 1)]
-        rng.shuffle(edges)
+    def _example(self, arms: list[list[int]], goal_arm: int,
+                 edges: list[tuple[int, int]]) -> Example:
+        """The prompt (the edges in their drawn order, then the query) and the path."""
         path = arms[goal_arm][::-1] if self.config.reverse_path else arms[goal_arm]
         start, goal = arms[goal_arm][0], arms[goal_arm][-1]
         prompt = " , ".join(f"{u} {v}" for u, v in edges) + f" / {start} {goal} ="
-        key = f"{sorted(edges)}|{start}|{goal}"
-        return Example(prompt, " ".join(map(str, path))), key
+        return Example(prompt, " ".join(map(str, path)))
 
     def examples(self, split: str, n: int, seed: int) -> list[Example]:
         """``n`` (graph, query) examples of the split."""
@@ -110,9 +108,14 @@ class PathStar(Task):
 
     def _draw(self, rng: random.Random, split: str) -> Example:
         for _ in range(_MAX_TRIES):
-            ex, key = self._example(*self._graph(rng), rng)
+            arms, goal_arm = self._graph(rng)
+            edges = [(a[i], a[i + 1]) for a in arms for i in range(len(a) - 1)]
+            rng.shuffle(edges)
+            key = f"{sorted(edges)}|{arms[goal_arm][0]}|{arms[goal_arm][-1]}"
+            # the split hashes the graph and query, not the text: a prompt is written only for a
+            # graph that is kept (nine in ten draws of the held-out split are not)
             if split_of(key, self.config.heldout_fraction, salt=self.config.split_seed) == split:
-                return ex
+                return self._example(arms, goal_arm, edges)
         raise ValueError(f"could not draw a {split} graph in {_MAX_TRIES} tries")
 
     def parse(self, prompt: str) -> tuple[set[tuple[str, str]], str, str]:

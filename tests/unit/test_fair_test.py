@@ -15,6 +15,7 @@ from halluc_lab.book import replication, take_back
 from halluc_lab.evaluation import fair_test
 from halluc_lab.recipes.measured import path as record_path
 from halluc_lab.recipes.cache import CacheWarning, used
+from halluc_lab.evaluation.evaluate import distinct_examples
 from halluc_lab.stages.preference import preference_examples
 from halluc_lab.tasks import make_task
 
@@ -69,6 +70,26 @@ def test_a_damaged_record_is_reported_and_measured_again(smoke_recipe):
     assert len(CALLS) == 3 and os.path.exists(where)
     with pytest.raises(TypeError, match="measure must be callable"):
         recipes.measured(smoke_recipe, object(), "cpu")
+
+
+def test_the_graphs_are_drawn_once_per_world_and_each_caller_gets_its_own_lists(monkeypatch):
+    measure = fair_test.DeadEndsMeasure(n_eval=30, n_learn=10, graph_seed=7)
+    task = make_task(recipes.get("dead_ends_k1-sft-clean", "smoke").task)
+    drawn = []
+    monkeypatch.setattr(fair_test, "_GRAPHS", {})
+    monkeypatch.setattr(fair_test, "distinct_examples",
+                        lambda *a, **k: drawn.append(a) or distinct_examples(*a, **k))
+    evaluation, learning = measure.graphs(task)
+    assert len(evaluation) == 30 and len(learning) == 10 and len(drawn) == 1
+    assert not any(task.learning_part(e.prompt) for e in evaluation)
+    evaluation.clear()  # a caller's list is its own: the next caller still gets the graphs
+    assert measure.graphs(make_task(task.config)) == measure.graphs(task)  # another task object, same config
+    assert len(measure.graphs(task)[0]) == 30 and len(drawn) == 1  # the cache answered
+    other = make_task(recipes.get("dead_ends_k2-sft-clean", "smoke").task)
+    assert other.config != task.config
+    assert measure.graphs(other)[0] != measure.graphs(task)[0] and len(drawn) == 2
+    assert dataclasses.replace(measure, graph_seed=8).graphs(task)[0] != measure.graphs(task)[0]
+    assert len(drawn) == 3
 
 
 def _record(samples_tokens, samples_check, samples_outcome, learn_outcome, learn_conf, outcome,
