@@ -13,9 +13,9 @@ import pytest
 from halluc_lab import recipes
 from halluc_lab.book import replication, take_back
 from halluc_lab.evaluation import fair_test
+from halluc_lab.evaluation.evaluate import distinct_examples
 from halluc_lab.recipes.measured import path as record_path
 from halluc_lab.recipes.cache import CacheWarning, used
-from halluc_lab.evaluation.evaluate import distinct_examples
 from halluc_lab.stages.preference import preference_examples
 from halluc_lab.tasks import make_task
 
@@ -83,7 +83,8 @@ def test_the_graphs_are_drawn_once_per_world_and_each_caller_gets_its_own_lists(
     assert len(evaluation) == 30 and len(learning) == 10 and len(drawn) == 1
     assert not any(task.learning_part(e.prompt) for e in evaluation)
     evaluation.clear()  # a caller's list is its own: the next caller still gets the graphs
-    assert measure.graphs(make_task(task.config)) == measure.graphs(task)  # another task object, same config
+    same_config = make_task(task.config)  # another task object
+    assert measure.graphs(same_config) == measure.graphs(task)
     assert len(measure.graphs(task)[0]) == 30 and len(drawn) == 1  # the cache answered
     other = make_task(recipes.get("dead_ends_k2-sft-clean", "smoke").task)
     assert other.config != task.config
