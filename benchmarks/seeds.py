@@ -8,22 +8,30 @@ mean utilisation sampled every half second. S = 1 is the one-seed baseline, in t
 
     python benchmarks/seeds.py --recipes kb_walk-sft-clean kb_walk-rlvr --seeds 1 4 8 --json _build/bench/seeds.json
     python benchmarks/seeds.py --scale smoke --seeds 1 2          # the code path on a CPU, in seconds
+
+``--mps`` times every S a second time with the processes as clients of a private CUDA MPS daemon
+(``halluc_lab.shared_gpu``), whose kernels then run side by side instead of taking turns, and says
+whether the trained weights are bit-identical to the run without it.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from contextlib import nullcontext
+from pathlib import Path
 
 import torch
 
 from common import environment, print_table, write_json
 from halluc_lab import recipes
+from halluc_lab.shared_gpu import mps_service
 
 
 class Utilisation:
@@ -56,16 +64,26 @@ class Utilisation:
         return sum(self.samples) / len(self.samples) if self.samples else None
 
 
-def timed(names: list[str], scale: str, n_seeds: int, device: torch.device, dtype: torch.dtype) -> dict:
+def weights_digest(cache: str) -> str:
+    """One hash over every trained model's weights in a cache, in the order of their paths."""
+    h = hashlib.sha256()
+    for path in sorted(Path(cache).rglob("model.safetensors")):
+        h.update(str(path.relative_to(cache)).encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+def timed(names: list[str], scale: str, n_seeds: int, device: torch.device, dtype: torch.dtype,
+          mps: bool = False) -> dict:
     """Train every chain of ``names`` under seeds 0 .. n_seeds−1 into a fresh cache, ``n_seeds`` processes at once
-    on CUDA (one on a CPU, where processes would share two cores)."""
+    on CUDA (one on a CPU, where processes would share two cores); under a private MPS daemon if ``mps``."""
     chains = [recipes.with_seed(recipes.get(n, scale), s) for n in names for s in range(n_seeds)]
     processes = n_seeds if device.type == "cuda" else 1
-    with tempfile.TemporaryDirectory() as cache:
+    with tempfile.TemporaryDirectory() as cache, tempfile.TemporaryDirectory(prefix="mps-") as daemon:
         old = os.environ.get("HALLUC_CACHE")
         os.environ["HALLUC_CACHE"] = cache
         try:
-            with Utilisation() as gpu:
+            with mps_service(Path(daemon)) if mps else nullcontext(), Utilisation() as gpu:
                 start = time.perf_counter()
                 recipes.prefetch(chains, device, dtype, processes=processes)
                 seconds = time.perf_counter() - start
@@ -74,8 +92,10 @@ def timed(names: list[str], scale: str, n_seeds: int, device: torch.device, dtyp
                 os.environ.pop("HALLUC_CACHE")
             else:
                 os.environ["HALLUC_CACHE"] = old
-    return {"seeds": n_seeds, "processes": processes, "seconds": seconds, "seeds per minute": 60 * n_seeds / seconds,
-            "GPU busy %": gpu.mean if device.type == "cuda" else None}
+        digest = weights_digest(cache)
+    return {"seeds": n_seeds, "MPS": mps, "processes": processes, "seconds": seconds,
+            "seeds per minute": 60 * n_seeds / seconds, "GPU busy %": gpu.mean if device.type == "cuda" else None,
+            "weights": digest[:12]}
 
 
 def main(argv=None) -> dict:
@@ -83,20 +103,27 @@ def main(argv=None) -> dict:
     p.add_argument("--recipes", nargs="+", default=["kb_walk-sft-clean"], help="recipe names (each a whole chain)")
     p.add_argument("--scale", default="full", choices=["smoke", "full"])
     p.add_argument("--seeds", type=int, nargs="+", default=[1, 4, 8], help="the seed counts S to time")
+    p.add_argument("--mps", action="store_true", help="time every S under a private CUDA MPS daemon too")
     p.add_argument("--json", default="")
     args = p.parse_args(argv)
     unknown = [n for n in args.recipes if n not in recipes.NAMES]
     if unknown or any(s < 1 for s in args.seeds):
         p.error(f"unknown recipes {unknown}" if unknown else f"--seeds must be >= 1, got {args.seeds}")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if args.mps and device.type != "cuda":
+        p.error("--mps needs a CUDA GPU")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     rows = []
     for s in args.seeds:
-        print(f"S = {s}: training {len(args.recipes)} chains × {s} seeds …", flush=True)
-        rows.append(timed(args.recipes, args.scale, s, device, dtype))
+        for mps in (False, True) if args.mps else (False,):
+            print(f"S = {s}{', MPS' * mps}: training {len(args.recipes)} chains × {s} seeds …", flush=True)
+            rows.append(timed(args.recipes, args.scale, s, device, dtype, mps))
     base = rows[0]["seeds per minute"]
+    plain = {row["seeds"]: row for row in rows if not row["MPS"]}
     for row in rows:
         row["× one at a time"] = row["seeds per minute"] / base
+        if args.mps:  # the same weights as the same S without MPS: the service changed the schedule, not the sums
+            row["same weights"] = row["weights"] == plain[row["seeds"]]["weights"]
     env = environment(device)
     print_table(f"Seeds of {', '.join(args.recipes)} ({args.scale}) from empty caches — {env['device']}, "
                 f"torch {env['torch']}, {env['date']}", rows, list(rows[0]))

@@ -20,11 +20,17 @@ that needs a model another chapter is training waits for it and then reads it. O
 GPUs the chapters take them in turn (chapter i sees the GPUs rotated to start at GPU i mod n, so its own
 work and the first of its spread-out seeds land there). The models are small and their steps launch-bound,
 so chapters at once also help on one GPU. ``times.json`` gets each chapter's time and the book's.
+
+``--mps`` runs the chapters under a private CUDA MPS daemon (``halluc_lab.shared_gpu``), so that the
+kernels of chapters, and of the seeds they train in processes of their own, run side by side on a GPU
+instead of taking turns; the numbers are the same. It needs NVIDIA's driver and stops with a message
+where there is none.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -43,6 +49,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from halluc_lab.book.notebook import RUN_KEYS, read_glue, toc_notebooks  # noqa: E402
+from halluc_lab.shared_gpu import MPSUnavailable, control_program, mps_service  # noqa: E402
 
 
 NOTEBOOKS = ROOT / "notebooks"
@@ -274,6 +281,8 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", metavar="S",
                         help="training seeds of the compared models (chapters 8-12), e.g. a second seed set "
                              "for replication: --seeds 8 9 10 11 12 13 14 15")
+    parser.add_argument("--mps", action="store_true",
+                        help="share each GPU through a private CUDA MPS daemon (NVIDIA only; same numbers)")
     args = parser.parse_args()
 
     stems = toc_notebooks(ROOT)
@@ -293,6 +302,11 @@ def main() -> None:
             raise SystemExit(f"--seeds: these chapters have no `seeds` parameter: {lacking} (use --only)")
     if args.jobs < 1:
         raise SystemExit(f"--jobs must be at least 1, got {args.jobs}")
+    if args.mps:
+        try:
+            control_program()
+        except MPSUnavailable as err:
+            raise SystemExit(f"--mps: {err}") from None
     if args.adopt:
         adopt(args.adopt, stems)
         return
@@ -308,7 +322,12 @@ def main() -> None:
         raise SystemExit("--out must not be notebooks/: runs never overwrite committed notebooks")
     args.out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    times, failed = run_all(stems, args.out, args.scale, args.seed, min(args.jobs, len(stems)), seeds=args.seeds)
+    try:  # under --mps the chapters' kernels, and the processes they start, are clients of one daemon
+        with mps_service(Path(tempfile.mkdtemp(prefix="halluc-mps-"))) if args.mps else contextlib.nullcontext():
+            times, failed = run_all(stems, args.out, args.scale, args.seed, min(args.jobs, len(stems)),
+                                    seeds=args.seeds)
+    except MPSUnavailable as err:
+        raise SystemExit(f"--mps: {err}") from None
     book = time.perf_counter() - start
     print(f"{len(times)} chapter{'s' * (len(times) != 1)} in {book:.1f} s", flush=True)
     (args.out / "times.json").write_text(json.dumps({**times, "book": round(book, 1)}, indent=1))

@@ -13,7 +13,9 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))  # importable by name: the spawned workers import it too
 
 import reproduce  # noqa: E402
+from halluc_lab import shared_gpu  # noqa: E402
 from halluc_lab.book.notebook import read_glue  # noqa: E402
+from tests.unit.test_shared_gpu import stand_in  # noqa: E402
 
 FIXTURE = ROOT / "tests" / "fixtures" / "reproduce_demo.ipynb"
 
@@ -220,3 +222,30 @@ def test_seeds_are_refused_where_a_chapter_cannot_take_them(monkeypatch, argv, m
     monkeypatch.setattr(sys, "argv", ["reproduce.py", "--scale", "smoke", *argv])
     with pytest.raises(SystemExit, match=message.replace("[", r"\[").replace("]", r"\]")):
         reproduce.main()
+
+
+def test_mps_without_nvidias_control_program_is_refused_before_anything_runs(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-cuda-mps-control on it, as on any machine without CUDA
+    monkeypatch.setattr(sys, "argv", ["reproduce.py", "--mps", "--only", "03_sampling", "--scale", "smoke",
+                                      "--out", str(tmp_path / "runs")])
+    with pytest.raises(SystemExit, match="--mps: nvidia-cuda-mps-control is not on PATH.*needs a CUDA GPU"):
+        reproduce.main()
+    assert not (tmp_path / "runs").exists()
+
+
+def test_under_mps_the_chapters_run_as_clients_of_a_daemon_stopped_afterwards(tmp_path, monkeypatch):
+    log = stand_in(tmp_path, monkeypatch)
+    seen = {}
+
+    def run_all(stems, out, *args, **kwargs):  # what the chapters' processes would inherit
+        seen["pipe"] = os.environ.get(shared_gpu.ENV_PIPE)
+        return {stem: 1.0 for stem in stems}, []
+
+    monkeypatch.setattr(reproduce, "run_all", run_all)
+    monkeypatch.delenv(shared_gpu.ENV_PIPE, raising=False)
+    monkeypatch.setattr(sys, "argv", ["reproduce.py", "--mps", "--only", "03_sampling", "--scale", "smoke",
+                                      "--no-book", "--out", str(tmp_path / "runs")])
+    reproduce.main()
+    assert seen["pipe"] is not None and seen["pipe"].endswith("pipe")
+    assert log.read_text().splitlines() == [f"start {seen['pipe']}", f"quit {seen['pipe']}"]
+    assert shared_gpu.ENV_PIPE not in os.environ
