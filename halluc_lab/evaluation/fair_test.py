@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 import torch
@@ -34,11 +35,10 @@ from halluc_lab.evaluation.evaluate import (answer_budget, complete, distinct_ex
 from halluc_lab.evaluation.scoring import (ABSTAINED, CORRECT, answer_tokens, erasures,
                                            score_answers)
 from halluc_lab.generation.sampling import SamplingParams
-from halluc_lab.tasks.base import check_count, completion_symbols
+from halluc_lab.tasks.base import check_count, completion_symbols, make_task
 
 RIGHT, ABSTAIN, WRONG = 1, 0, -1  # outcome codes: C − λW of a code c is c where c ≥ 0, else −λ
 _CODE = {CORRECT: RIGHT, ABSTAINED: ABSTAIN}
-_GRAPHS: dict[tuple, tuple[tuple, tuple]] = {}  # (measure, task type, config) -> its graphs
 
 
 @dataclass(frozen=True)
@@ -64,22 +64,8 @@ class DeadEndsMeasure:
         """(evaluation graphs, learning part): distinct held-out examples outside and inside the
         task's learning part, in the order drawn. Drawn once per process for a task's config (a
         chapter measures every arm and seed of a world on the same graphs)."""
-        key = (self, type(task), task.config)
-        if key not in _GRAPHS:
-            _GRAPHS[key] = self._draw_graphs(task)
-        evaluation, learning = _GRAPHS[key]
+        evaluation, learning = _graphs(self, task.config)
         return list(evaluation), list(learning)
-
-    def _draw_graphs(self, task) -> tuple[tuple, tuple]:
-        drawn = distinct_examples(task, "heldout", 3 * (self.n_eval + self.n_learn),
-                                  seed=self.graph_seed)
-        evaluation = [e for e in drawn if not task.learning_part(e.prompt)][:self.n_eval]
-        learning = [e for e in drawn if task.learning_part(e.prompt)][:self.n_learn]
-        if len(evaluation) < self.n_eval or len(learning) < self.n_learn:
-            raise ValueError(f"the task's held-out split gave {len(evaluation)} graphs to evaluate "
-                             f"and {len(learning)} in the learning part, fewer than n_eval = "
-                             f"{self.n_eval} and n_learn = {self.n_learn}")
-        return tuple(evaluation), tuple(learning)
 
     @torch.no_grad()
     def __call__(self, trained) -> dict:
@@ -111,6 +97,22 @@ class DeadEndsMeasure:
             "history": dict(trained.history.metrics),
         }
 
+
+
+@lru_cache(maxsize=None)
+def _graphs(measure: DeadEndsMeasure, config) -> tuple[tuple, tuple]:
+    """:meth:`DeadEndsMeasure.graphs` drawn once per process for a measure and a task's config (a
+    config's type names its task), as tuples of immutable examples."""
+    task = make_task(config)
+    drawn = distinct_examples(task, "heldout", 3 * (measure.n_eval + measure.n_learn),
+                              seed=measure.graph_seed)
+    evaluation = [e for e in drawn if not task.learning_part(e.prompt)][:measure.n_eval]
+    learning = [e for e in drawn if task.learning_part(e.prompt)][:measure.n_learn]
+    if len(evaluation) < measure.n_eval or len(learning) < measure.n_learn:
+        raise ValueError(f"the task's held-out split gave {len(evaluation)} graphs to evaluate "
+                         f"and {len(learning)} in the learning part, fewer than n_eval = "
+                         f"{measure.n_eval} and n_learn = {measure.n_learn}")
+    return tuple(evaluation), tuple(learning)
 
 def codes(task, prompts: Sequence[str], answers: Sequence[str]) -> list[int]:
     """Each answer's outcome code by the task's verifier: 1 right, 0 abstained, −1 wrong."""

@@ -76,7 +76,7 @@ def test_the_graphs_are_drawn_once_per_world_and_each_caller_gets_its_own_lists(
     measure = fair_test.DeadEndsMeasure(n_eval=30, n_learn=10, graph_seed=7)
     task = make_task(recipes.get("dead_ends_k1-sft-clean", "smoke").task)
     drawn = []
-    monkeypatch.setattr(fair_test, "_GRAPHS", {})
+    fair_test._graphs.cache_clear()
     monkeypatch.setattr(fair_test, "distinct_examples",
                         lambda *a, **k: drawn.append(a) or distinct_examples(*a, **k))
     evaluation, learning = measure.graphs(task)
