@@ -26,7 +26,7 @@ from halluc_lab.evaluation.stats import Interval
 WORLDS = {"k = 1": "dead_ends_k1", "k = 2": "dead_ends_k2", "k = 4": "dead_ends_k4",
           "never": "dead_ends_never"}
 LAM = 3.0  # the chapter's penalty of a wrong answer: C − 3W
-MEASURE = {"smoke": fair_test.DeadEndsMeasure(n_eval=100, n_learn=50, samples=4),
+MEASURE = {"smoke": fair_test.DeadEndsMeasure(n_eval=64, n_learn=32, samples=4),
            "full": fair_test.DeadEndsMeasure()}  # what each scale measures of every arm
 
 

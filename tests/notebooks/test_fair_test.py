@@ -6,6 +6,8 @@ import math
 
 import pytest
 
+from halluc_lab.book import take_back
+
 NOTEBOOK = "10b_fair_test"
 pytestmark = pytest.mark.notebook
 WORLDS = ("k1", "k2", "k4")
@@ -16,7 +18,8 @@ def test_every_arm_of_every_world_is_measured_under_every_seed(glue):
     assert seeds == [0, 1] and glue["fair_with_rl"] is True
     # 3 worlds of 9 arms (8 trained, (a') reads (a)'s record), the never world's 3 arms, per seed
     assert glue["fair_records"] == (3 * 9 + 3) * len(seeds)
-    assert glue["fair_graphs"] == [100, 50]
+    smoke = take_back.MEASURE["smoke"]
+    assert glue["fair_graphs"] == [smoke.n_eval, smoke.n_learn]
     assert 0.0 <= glue["fair_lookup_min"] <= 1.0
 
 
