@@ -2,9 +2,12 @@
 control program (a shell script that records how it was called), since CI has no GPU."""
 
 import os
+import re
+import shutil
 import stat
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -72,3 +75,19 @@ def test_a_daemon_that_will_not_start_is_a_clear_error_and_changes_nothing(tmp_p
         with shared_gpu.mps_service(tmp_path / "mps"):
             pass
     assert shared_gpu.ENV_PIPE not in os.environ
+
+
+@pytest.mark.gpu
+def test_a_real_daemon_serves_a_cuda_process_and_is_stopped_after():
+    if shutil.which(shared_gpu.CONTROL) is None:
+        pytest.skip(f"needs NVIDIA's {shared_gpu.CONTROL}")
+    folder = Path(tempfile.mkdtemp(prefix="mps-"))  # short: the daemon's socket lives in it
+    with shared_gpu.mps_service(folder):
+        use = "import torch; print(torch.ones(4, device='cuda').sum().item())"
+        child = subprocess.run([sys.executable, "-c", use], capture_output=True, text=True,
+                               timeout=300)
+        assert child.returncode == 0, child.stderr
+        assert child.stdout.strip() == "4.0"
+    log = (folder / "log" / "control.log").read_text()
+    # a server started for the client, and stopped when the block ended
+    assert re.search(r"Server \d+ exited with status 0", log), log
