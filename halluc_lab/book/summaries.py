@@ -154,6 +154,29 @@ def _same_either_way(bm25: Interval, oracle: Interval) -> str:
 
 
 # -- extensions --------------------------------------------------------------------------------
+def _rate(v: Interval) -> str:
+    """A rate with its interval; one with no spread at all (the interval one point: every seed gave
+    the same rate) as the value and that fact, not "1.000 [1.000, 1.000]".
+
+    >>> _rate(Interval(0.5, 0.4, 0.6)), _rate(Interval(1.0, 1.0, 1.0))
+    ('0.500 [0.400, 0.600]', '1.000 in every seed')
+    """
+    return f"{v.estimate:.3f} in every seed" if v.low == v.high else f"{v:.3f}"
+
+
+def _rates(named: Sequence[tuple[str, Interval]]) -> str:
+    """Named rates in order, those in a row with the same single-point value said once: "start
+    0.914 [0.896, 0.931], refuse and take back 0.000 in every seed"."""
+    groups: list[tuple[list[str], Interval]] = []
+    for name, v in named:
+        last = groups[-1][1] if groups else None
+        if last is not None and v.low == v.high == last.low == last.high:
+            groups[-1][0].append(name)
+        else:
+            groups.append(([name], v))
+    return ", ".join(f"{' and '.join(names)} {_rate(v)}" for names, v in groups)
+
+
 def _tables(disagreements: int) -> str:
     """The closing sentence of a chapter 12 page: how many disagreements its tables hold."""
     return (f"The page's tables hold {_places(disagreements, 'disagreement')} with the documents, "
@@ -166,14 +189,17 @@ def continual_learning_summary(*, steps: int, full_vs_before: Interval, frozen_v
     """Continual learning's summary. ``full_vs_before``, ``frozen_vs_before``: old-chain accuracy
     after the fine-tune minus before; ``span``: the new gradient's share in the old ones' span, as
     printed; ``anchors``: per λ, the anchored run minus full fine-tuning in old-chain accuracy."""
-    anchored = "; ".join(f"λ = {lam:g} {d:+.3f}" for lam, d in anchors.items())
+    old = "old-chain accuracy"
+    anchored = "; ".join(said(d, f"the anchor at λ = {lam:g}", "full fine-tuning", old)
+                         for lam, d in anchors.items())
+    frozen = said(frozen_vs_before, "a frozen backbone", "the model before", old, exploratory=True)
     return (
         f"**Continual learning.** After {steps} steps on the grown world, "
-        f"{said(full_vs_before, 'full fine-tuning', 'the model before', 'old-chain accuracy')}; "
-        f"a frozen backbone changed it by {frozen_vs_before:+.3f}. The new gradient's share in the "
-        f"span of the old ones is {span} (a random direction's: {chance:.2g}). Eq. (12)'s anchor "
-        "on full fine-tuning, old-chain accuracy against full fine-tuning without it: "
-        f"{anchored}.\n\n" + _tables(disagreements))
+        f"{said(full_vs_before, 'full fine-tuning', 'the model before', old)}. "
+        f"{frozen}. "
+        f"The new gradient's share in the span of the old ones is {span} (a random direction's: "
+        f"{chance:.2g}). Eq. (12)'s anchor, added to full fine-tuning: {anchored}.\n\n"
+        + _tables(disagreements))
 
 
 def sycophancy_summary(*, sft_agrees: Interval, agreeable_vs_sft: Interval,
@@ -195,11 +221,11 @@ def safety_summary(*, violations: Mapping[str, Interval], disagreements: int) ->
     """Safety's summary. ``violations``: the rates "start", "refuse", "take back" (free-running) and
     "refuse, prefilled", "take back, prefilled"."""
     v = violations
+    free = _rates([(k, v[k]) for k in ("start", "refuse", "take back")])
+    prefilled = _rates([(k, v[f"{k}, prefilled"]) for k in ("refuse", "take back")])
     return (
-        f"**Safety.** Free-running violations of the forbidden relation: start {v['start']:.3f}, "
-        f"refuse {v['refuse']:.3f}, take back {v['take back']:.3f}; with the fact prefilled: "
-        f"refuse {v['refuse, prefilled']:.3f}, take back {v['take back, prefilled']:.3f}.\n\n"
-        + _tables(disagreements))
+        f"**Safety.** Free-running violations of the forbidden relation: {free}; with the fact "
+        f"prefilled: {prefilled}.\n\n" + _tables(disagreements))
 
 
 def vision_summary(*, vlm_habit: Interval, disagreements: int) -> str:
@@ -216,8 +242,9 @@ def icl_cot_summary(*, icl_right: Interval, cot_vs_direct: Interval, disagreemen
     """In-context learning and chain of thought's summary. ``icl_right``: the ICL model's accuracy
     with 1–4 demonstrations; ``cot_vs_direct``: accuracy on held-out sums, CoT minus direct."""
     return (
-        "**In-context learning and chain of thought.** With 1–4 demonstrations the ICL model "
-        f"answers {icl_right:.3f} of held-out prompts right (chance 1/9); on held-out sums, "
+        "**In-context learning and chain of thought.** With 1–4 demonstrations, the share of "
+        f"held-out prompts the ICL model answers right is {_rate(icl_right)} (chance 1/9); on "
+        "held-out sums, "
         f"{said(cot_vs_direct, 'CoT', 'direct', 'accuracy')}.\n\n" + _tables(disagreements))
 
 

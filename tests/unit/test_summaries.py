@@ -226,11 +226,15 @@ def test_continual_learning_summary_follows_the_planted_verdicts():
     assert "full fine-tuning − the model before in old-chain accuracy: not resolved" in _continual(
         OPEN
     )
-    assert "λ = 1 -0.200 [-0.300, -0.100]; λ = 10 +0.010 [-0.050, +0.070]" in lower
-    assert "λ = 1 +0.200 [+0.100, +0.300]" in higher
-    assert (
-        "a random direction's: 0.012)" in lower and "changed it by -0.010 [-0.020, +0.000]" in lower
-    )
+    assert ("the anchor at λ = 1 is lower than full fine-tuning in old-chain accuracy (-0.200 "
+            "[-0.300, -0.100]); the anchor at λ = 10 − full fine-tuning in old-chain accuracy: "
+            "not resolved (+0.010 [-0.050, +0.070])") in lower
+    assert ("the anchor at λ = 1 is higher than full fine-tuning in old-chain accuracy "
+            "(+0.200") in higher
+    assert "a random direction's: 0.012)" in lower
+    # not among the page's pre-registered contrasts
+    assert ("(exploratory) a frozen backbone − the model before in old-chain accuracy: "
+            "not resolved (-0.010 [-0.020, +0.000])") in lower
 
 
 def test_sycophancy_summary_follows_the_planted_verdicts():
@@ -258,6 +262,17 @@ def test_safety_summary_prints_each_rate_in_its_place():
     assert "not resolved" not in lower + higher  # rates, no verdict
 
 
+def test_safety_summary_says_once_what_several_rates_share_with_no_spread():
+    none, some = Interval(0.0, 0.0, 0.0), Interval(0.9, 0.85, 0.95)
+    rates = {"start": some, "refuse": none, "take back": none,
+             "refuse, prefilled": Interval(1.0, 1.0, 1.0), "take back, prefilled": none}
+    text = summaries.safety_summary(violations=rates, disagreements=0)
+    assert ("violations of the forbidden relation: start 0.900 [0.850, 0.950], refuse and take "
+            "back 0.000 in every seed; with the fact prefilled: refuse 1.000 in every seed, take "
+            "back 0.000 in every seed.") in text
+    assert "[0.000, 0.000]" not in text and "[1.000, 1.000]" not in text
+
+
 def test_vision_summary_follows_the_planted_verdicts():
     assert "the habit model is higher than the control in that rate" in _vision(HIGHER)
     assert "the habit model is lower than the control in that rate" in _vision(LOWER)
@@ -268,7 +283,10 @@ def test_icl_cot_summary_follows_the_planted_verdicts():
     assert "CoT is lower than direct in accuracy" in _icl_cot(LOWER)
     assert "CoT is higher than direct in accuracy" in _icl_cot(HIGHER)
     assert "CoT − direct in accuracy: not resolved" in _icl_cot(OPEN)
-    assert "answers 0.800 [0.700, 0.900] of held-out prompts right" in _icl_cot(LOWER)
+    assert "the ICL model answers right is 0.800 [0.700, 0.900] (chance 1/9)" in _icl_cot(LOWER)
+    every = summaries.icl_cot_summary(icl_right=Interval(1.0, 1.0, 1.0), cot_vs_direct=LOWER,
+                                      disagreements=0)
+    assert "answers right is 1.000 in every seed (chance 1/9)" in every
 
 
 @pytest.mark.parametrize("summary", EXTENSION_PAGES)
