@@ -178,9 +178,18 @@ def _rates(named: Sequence[tuple[str, Interval]]) -> str:
 
 
 def _tables(disagreements: int) -> str:
-    """The closing sentence of a chapter 12 page: how many disagreements its tables hold."""
-    return (f"The page's tables hold {_places(disagreements, 'disagreement')} with the documents, "
-            "each on the [errata page](../book/errata.md).")
+    """The closing sentence of a chapter 12 page: how many disagreements its tables hold.
+
+    >>> _tables(1)
+    "The page's tables hold 1 disagreement with the documents; it is on the [errata page](...)."
+    >>> _tables(0)
+    "The page's tables hold 0 disagreements with the documents."
+    """
+    held = f"The page's tables hold {_places(disagreements, 'disagreement')} with the documents"
+    if not disagreements:
+        return held + "."
+    where = "it is" if disagreements == 1 else "each is"
+    return f"{held}; {where} on the [errata page](../book/errata.md)."
 
 
 def continual_learning_summary(*, steps: int, full_vs_before: Interval, frozen_vs_before: Interval,

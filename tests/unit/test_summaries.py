@@ -291,8 +291,9 @@ def test_icl_cot_summary_follows_the_planted_verdicts():
 
 @pytest.mark.parametrize("summary", EXTENSION_PAGES)
 def test_each_extension_page_counts_its_own_disagreements(summary):
-    assert "hold 3 disagreements with" in summary(LOWER)
-    assert "hold 1 disagreement with" in summary(LOWER, 1)
+    assert "hold 3 disagreements with the documents; each is on the [errata page]" in summary(LOWER)
+    assert "hold 1 disagreement with the documents; it is on the [errata page]" in summary(LOWER, 1)
+    assert summary(LOWER, 0).endswith("hold 0 disagreements with the documents.")
     with pytest.raises(ValueError, match="n must be an int >= 0"):
         summary(LOWER, -1)
 
