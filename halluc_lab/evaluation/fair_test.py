@@ -98,7 +98,6 @@ class DeadEndsMeasure:
         }
 
 
-
 @lru_cache(maxsize=None)
 def _graphs(measure: DeadEndsMeasure, config) -> tuple[tuple, tuple]:
     """:meth:`DeadEndsMeasure.graphs` drawn once per process for a measure and a task's config (a
@@ -113,6 +112,7 @@ def _graphs(measure: DeadEndsMeasure, config) -> tuple[tuple, tuple]:
                          f"and {len(learning)} in the learning part, fewer than n_eval = "
                          f"{measure.n_eval} and n_learn = {measure.n_learn}")
     return tuple(evaluation), tuple(learning)
+
 
 def codes(task, prompts: Sequence[str], answers: Sequence[str]) -> list[int]:
     """Each answer's outcome code by the task's verifier: 1 right, 0 abstained, −1 wrong."""
