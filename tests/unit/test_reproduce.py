@@ -242,7 +242,8 @@ def test_under_mps_the_chapters_run_as_clients_of_a_daemon_stopped_afterwards(tm
         return {stem: 1.0 for stem in stems}, []
 
     monkeypatch.setattr(reproduce, "run_all", run_all)
-    monkeypatch.delenv(shared_gpu.ENV_PIPE, raising=False)
+    for name in (shared_gpu.ENV_PIPE, "HALLUC_BATCH", "MPLBACKEND", "XLA_PYTHON_CLIENT_PREALLOCATE"):
+        monkeypatch.delenv(name, raising=False)  # main() sets some of these; each is put back after
     monkeypatch.setattr(sys, "argv", ["reproduce.py", "--mps", "--only", "03_sampling", "--scale", "smoke",
                                       "--no-book", "--out", str(tmp_path / "runs")])
     reproduce.main()
