@@ -45,6 +45,27 @@ def records(contrasts: Mapping[str, Interval], predicted: Mapping[str, str]) -> 
             for label, iv in contrasts.items()}
 
 
+def against_prediction(side: int, predicted: str) -> str:
+    """How one run's verdict (``side``: +1 higher, −1 lower, 0 not resolved) came out against the
+    direction registered before the run, as a clause that reads the same whatever the verdict.
+
+    >>> against_prediction(1, "not resolved")
+    'against the prediction, which was "not resolved"'
+    >>> against_prediction(0, "not resolved"), against_prediction(-1, NO_PREDICTION)
+    ('as predicted', 'registered without a predicted direction')
+    """
+    if side not in WORDS:
+        raise ValueError(f"side must be one of {sorted(WORDS)}, got {side!r}")
+    if predicted == NO_PREDICTION:
+        return "registered without a predicted direction"
+    if predicted not in WORDS.values():
+        raise ValueError(f"predicted must be one of {sorted((*WORDS.values(), NO_PREDICTION))}, "
+                         f"got {predicted!r}")
+    if WORDS[side] == predicted:
+        return "as predicted"
+    return f'against the prediction, which was "{predicted}"'
+
+
 @dataclass(frozen=True)
 class Replicated:
     """One pre-registered contrast in two runs."""

@@ -150,7 +150,9 @@ def wilson(successes: int, n: int, confidence: float = CONFIDENCE) -> Interval:
     p = successes / n
     centre = (p + z * z / (2 * n)) / (1 + z * z / n)
     half = z / (1 + z * z / n) * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
-    return Interval(p, max(0.0, centre - half), min(1.0, centre + half), confidence)
+    # The interval holds p; at p = 0 or 1 rounding can leave centre ∓ half a hair on the wrong side
+    # (2.7e-20 above 0 for 0 of 8,000), which an error bar drawn from it would reject as negative.
+    return Interval(p, min(p, max(0.0, centre - half)), max(p, min(1.0, centre + half)), confidence)
 
 
 def _as_grid(x, name: str) -> np.ndarray:

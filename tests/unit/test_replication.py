@@ -51,6 +51,21 @@ def test_a_contrast_registered_without_a_direction_replicates_but_is_never_as_pr
     assert "| a | no prediction | higher" in text and "against" not in text
 
 
+def test_a_verdict_is_said_against_its_prediction_in_words_that_fit_every_outcome():
+    predictions = (*replication.WORDS.values(), replication.NO_PREDICTION)
+    said = {(side, p): replication.against_prediction(side, p)
+            for side in (1, -1, 0) for p in predictions}
+    assert said[(1, "higher")] == said[(-1, "lower")] == said[(0, "not resolved")] == "as predicted"
+    assert said[(1, "not resolved")] == 'against the prediction, which was "not resolved"'
+    assert said[(0, "lower")] == 'against the prediction, which was "lower"'
+    assert {said[(side, replication.NO_PREDICTION)] for side in (1, -1, 0)} == {
+        "registered without a predicted direction"}
+    with pytest.raises(ValueError, match="side"):
+        replication.against_prediction(2, "higher")
+    with pytest.raises(ValueError, match="predicted"):
+        replication.against_prediction(1, "up")
+
+
 def test_records_and_runs_that_do_not_match_are_refused():
     with pytest.raises(ValueError, match="unmatched"):
         replication.records({"a": UP}, {"b": "higher"})

@@ -31,6 +31,9 @@ def test_wilson_by_hand_and_at_the_edges():
     assert (round(iv.low, 4), round(iv.high, 4)) == (0.4902, 0.9433)
     zero = wilson(0, 20)
     assert zero.low == 0.0 and 0 < zero.high < 0.2  # the normal interval would collapse to [0, 0]
+    for k, n in ((0, 8000), (0, 3), (8000, 8000), (7, 7), (1, 8000)):  # the rate is inside, even in rounding
+        iv = wilson(k, n)
+        assert iv.low <= iv.estimate <= iv.high, (k, n, iv)
 
 
 def test_bootstrap_mean_of_many_prompts_is_the_normal_interval():
