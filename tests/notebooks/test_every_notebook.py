@@ -51,7 +51,7 @@ def test_committed_notebook_carries_a_full_scale_run(stem):
 # before the check: each is moved where it covers nothing at the chapter's next full-scale run, and its count
 # here goes down with it. The list only shrinks.
 LEGENDS_OVER_DATA = {"04_attention": 1, "09_preference": 3, "10b_fair_test": 1,
-                     "11_hallucination_rag": 2, "12d_vision": 1}
+                     "11_hallucination_rag": 2}
 # Figures whose tick labels run into one another at smoke scale (TickLabelsOverlapWarning), in chapters
 # committed at full scale before that check: the same rule.
 TICK_LABELS_MEET = {"12b_sycophancy": 1}
