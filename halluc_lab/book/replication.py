@@ -24,6 +24,7 @@ GLUE_NAME = "preregistered_contrasts"  # what a chapter glues its records under
 STABLE, BOTH_UNRESOLVED, DIFFERS = "stable", "not resolved in either run", "differs"
 WORDS = {1: "higher", -1: "lower", 0: "not resolved"}
 NO_PREDICTION = "no prediction"  # pre-registered without a direction (still in the replication)
+PREDICTIONS = (*WORDS.values(), NO_PREDICTION)  # what a pre-registered contrast may predict
 
 
 def records(contrasts: Mapping[str, Interval], predicted: Mapping[str, str]) -> dict[str, dict]:
@@ -35,10 +36,9 @@ def records(contrasts: Mapping[str, Interval], predicted: Mapping[str, str]) -> 
     if missing:
         raise ValueError(f"every contrast needs a prediction and the reverse; unmatched: "
                          f"{sorted(missing)}")
-    allowed = (*WORDS.values(), NO_PREDICTION)
-    bad = {k: v for k, v in predicted.items() if v not in allowed}
+    bad = {k: v for k, v in predicted.items() if v not in PREDICTIONS}
     if bad:
-        raise ValueError(f"predictions must be one of {sorted(allowed)}, got {bad}")
+        raise ValueError(f"predictions must be one of {sorted(PREDICTIONS)}, got {bad}")
     return {label: {"estimate": iv.estimate, "low": iv.low, "high": iv.high, "method": iv.method,
                     "seeds": iv.seeds, "per_seed": list(iv.per_seed or ()), "side": iv.side,
                     "predicted": predicted[label]}
@@ -56,11 +56,10 @@ def against_prediction(side: int, predicted: str) -> str:
     """
     if side not in WORDS:
         raise ValueError(f"side must be one of {sorted(WORDS)}, got {side!r}")
+    if predicted not in PREDICTIONS:
+        raise ValueError(f"predicted must be one of {sorted(PREDICTIONS)}, got {predicted!r}")
     if predicted == NO_PREDICTION:
         return "registered without a predicted direction"
-    if predicted not in WORDS.values():
-        raise ValueError(f"predicted must be one of {sorted((*WORDS.values(), NO_PREDICTION))}, "
-                         f"got {predicted!r}")
     if WORDS[side] == predicted:
         return "as predicted"
     return f'against the prediction, which was "{predicted}"'

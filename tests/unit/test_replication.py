@@ -52,9 +52,8 @@ def test_a_contrast_registered_without_a_direction_replicates_but_is_never_as_pr
 
 
 def test_a_verdict_is_said_against_its_prediction_in_words_that_fit_every_outcome():
-    predictions = (*replication.WORDS.values(), replication.NO_PREDICTION)
     said = {(side, p): replication.against_prediction(side, p)
-            for side in (1, -1, 0) for p in predictions}
+            for side in (1, -1, 0) for p in replication.PREDICTIONS}
     assert said[(1, "higher")] == said[(-1, "lower")] == said[(0, "not resolved")] == "as predicted"
     assert said[(1, "not resolved")] == 'against the prediction, which was "not resolved"'
     assert said[(0, "lower")] == 'against the prediction, which was "lower"'
